@@ -1,0 +1,3 @@
+from torchvision import module_getattr
+
+__getattr__ = module_getattr("transforms.v2.functional")

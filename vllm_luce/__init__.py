@@ -1,0 +1,40 @@
+"""vllm-luce: a vLLM plugin for long-context serving (DFlash, KVFlash, PFlash, Luce executors).
+
+`register()` is vLLM's `vllm.general_plugins` entry point. vLLM calls it in every process
+(API server, engine core, each worker, and its model-inspection subprocess), so it is
+idempotent and cheap: a version check, lazy "module:Class" registrations and one patch.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_registered = False
+executors_description = "not registered"
+
+
+def register() -> None:
+    global _registered
+    if _registered:
+        return
+
+    import vllm
+
+    from vllm_luce.compat import check_vllm_version
+    from vllm_luce.config import LuceConfig
+    from vllm_luce.log import logger, tag
+    from vllm_luce.model_executor.registry import register_executors
+    from vllm_luce.patches import apply_patches
+
+    warning = check_vllm_version(vllm.__version__)
+    if warning:
+        logger.warning(warning)
+    LuceConfig.from_sources()  # a bad VLLM_LUCE_* variable stops every process, not just one
+    global executors_description
+    executors_description = register_executors()
+    apply_patches()
+    _registered = True
+    # Visible in the engine core and workers; the API server configures logging only after this
+    # runs, so there the VllmConfig patch logs the same facts with the active features.
+    logger.info("%s: plugin registered on vLLM %s; executors: %s", tag(), vllm.__version__,
+                executors_description)

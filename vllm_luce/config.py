@@ -1,0 +1,215 @@
+"""LuceConfig: the one configuration surface of vllm-luce (no vLLM import).
+
+Sources, lowest to highest precedence:
+  1. defaults below (every feature off);
+  2. environment variables `VLLM_LUCE_<SECTION>_<KEY>` (e.g. `VLLM_LUCE_KVFLASH_POOL_TOKENS=4096`),
+     and `VLLM_LUCE_<SECTION>=1` to switch a section on with its defaults;
+  3. vLLM's own `--additional-config '{"luce": {"<section>": {"<key>": value}}}'`.
+
+A section that appears (in either source) is enabled unless it says `"enabled": false`.
+Every key is validated; any problem raises LuceConfigError naming the key, the value given and
+what is accepted, so `vllm serve` stops at startup instead of misbehaving later.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+ENV_PREFIX = "VLLM_LUCE_"
+ADDITIONAL_CONFIG_KEY = "luce"
+# Environment variables that are not LuceConfig keys (read at plugin registration).
+NON_CONFIG_ENV = {"SKIP_VERSION_CHECK", "EXECUTORS"}
+
+
+class LuceConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Key:
+    """One validated setting: `kind` is the Python type(s) accepted, `check` the range test."""
+
+    default: Any
+    kind: type | tuple[type, ...]
+    accepted: str
+    check: Callable[[Any], bool] = lambda value: True
+
+
+def _positive_int_or_auto(value: Any) -> bool:
+    return value == "auto" or (isinstance(value, int) and value > 0)
+
+
+def _power_of_two(lo: int, hi: int) -> Callable[[Any], bool]:
+    return lambda v: lo <= v <= hi and v & (v - 1) == 0
+
+
+# Section -> key -> Key. Sections are the features; `enabled` is implicit in every section.
+SCHEMA: dict[str, dict[str, Key]] = {
+    "dflash": {
+        "drafter": Key("dflash", str, "'dflash' (resolve next to the target) or a path / repo id",
+                       lambda v: len(v) > 0),
+        "gate": Key(True, bool, "true or false"),
+        "verify_confidence": Key(0.0, (int, float), "a number in [0, 1) (0 verifies every draft)",
+                                 lambda v: 0.0 <= v < 1.0),
+        "min_verify_tokens": Key(1, int, "an integer >= 1", lambda v: v >= 1),
+    },
+    "kvflash": {
+        "pool_tokens": Key("auto", (int, str), "a positive integer or 'auto'", _positive_int_or_auto),
+        "chunk_tokens": Key(64, int, "a power of two in [16, 1024]", _power_of_two(16, 1024)),
+        "sink_chunks": Key(1, int, "an integer >= 1", lambda v: v >= 1),
+        "recent_chunks": Key(4, int, "an integer >= 4", lambda v: v >= 4),
+        "policy": Key("qk", str, "one of 'lru', 'qk', 'scorer'", lambda v: v in ("lru", "qk", "scorer")),
+    },
+    "pflash": {
+        "drafter": Key("", str, "a path to a safetensors causal LM", lambda v: len(v) > 0),
+        "keep_ratio": Key(0.05, (int, float), "a number in (0, 1]", lambda v: 0.0 < v <= 1.0),
+        "min_prompt_tokens": Key(4096, int, "an integer >= 1", lambda v: v >= 1),
+    },
+}
+
+# Features whose implementation has landed. Enabling any other section stops startup:
+# accepting a setting that does nothing would be worse than refusing it.
+AVAILABLE_FEATURES: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class FeatureConfig:
+    name: str
+    enabled: bool
+    settings: Mapping[str, Any]
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self.settings[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+
+@dataclass(frozen=True)
+class LuceConfig:
+    features: Mapping[str, FeatureConfig] = field(default_factory=dict)
+
+    @property
+    def active(self) -> list[FeatureConfig]:
+        return [f for f in self.features.values() if f.enabled]
+
+    def __getattr__(self, name: str) -> FeatureConfig:
+        if name in SCHEMA:
+            return self.features[name]
+        raise AttributeError(name)
+
+    def describe(self) -> str:
+        """`dflash(gate=True, ...), kvflash(...)` or `none`: the startup log's feature list."""
+        parts = []
+        for feature in self.active:
+            settings = ", ".join(f"{k}={v!r}" for k, v in sorted(feature.settings.items()))
+            parts.append(f"{feature.name}({settings})")
+        return "; ".join(parts) if parts else "none"
+
+    @classmethod
+    def from_sources(cls, additional_config: Any = None,
+                     environ: Mapping[str, str] | None = None) -> "LuceConfig":
+        environ = os.environ if environ is None else environ
+        layered = _from_environ(environ)
+        for section, values in _from_additional_config(additional_config).items():
+            layered.setdefault(section, {}).update(values)
+        return cls(features={name: _build_feature(name, layered.get(name)) for name in SCHEMA})
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any) -> "LuceConfig":
+        return cls.from_sources(getattr(vllm_config, "additional_config", None))
+
+
+def _from_additional_config(additional_config: Any) -> dict[str, dict[str, Any]]:
+    if not additional_config:
+        return {}
+    if not isinstance(additional_config, Mapping):
+        return {}  # a platform's own SupportsHash object: not ours to read
+    luce = additional_config.get(ADDITIONAL_CONFIG_KEY)
+    if luce is None:
+        return {}
+    where = f"--additional-config {ADDITIONAL_CONFIG_KEY!r}"
+    if not isinstance(luce, Mapping):
+        raise LuceConfigError(f"{where}: got {luce!r}; expected a JSON object such as "
+                              f'{{"{ADDITIONAL_CONFIG_KEY}": {{"kvflash": {{"pool_tokens": 4096}}}}}}')
+    out: dict[str, dict[str, Any]] = {}
+    for section, values in luce.items():
+        if section not in SCHEMA:
+            raise LuceConfigError(f"{where}: unknown key {section!r}; accepted keys: {', '.join(SCHEMA)}")
+        if isinstance(values, bool):
+            values = {"enabled": values}
+        if not isinstance(values, Mapping):
+            raise LuceConfigError(f"luce.{section}: got {values!r}; expected a JSON object of settings "
+                                  f"or true/false")
+        out[section] = {key: (value, f"luce.{section}.{key}") for key, value in values.items()}
+    return out
+
+
+def _from_environ(environ: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        rest = name[len(ENV_PREFIX):]
+        if rest in NON_CONFIG_ENV:
+            continue
+        section = next((s for s in SCHEMA if rest == s.upper() or rest.startswith(s.upper() + "_")), None)
+        if section is None:
+            raise LuceConfigError(
+                f"unknown environment variable {name}; accepted: "
+                f"{', '.join(ENV_PREFIX + s.upper() + '[_<KEY>]' for s in SCHEMA)}, "
+                f"{', '.join(ENV_PREFIX + n for n in sorted(NON_CONFIG_ENV))}")
+        key = "enabled" if rest == section.upper() else rest[len(section) + 1:].lower()
+        out.setdefault(section, {})[key] = (_parse_env_value(raw), name)
+    return out
+
+
+def _parse_env_value(raw: str) -> Any:
+    """Numbers and booleans as JSON would read them; anything else stays a string."""
+    lowered = raw.strip().lower()
+    if lowered in ("true", "yes", "on"):
+        return True
+    if lowered in ("false", "no", "off"):
+        return False
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return raw
+    return value if isinstance(value, (int, float, bool)) else raw
+
+
+def _build_feature(name: str, given: dict[str, tuple[Any, str]] | None) -> FeatureConfig:
+    schema = SCHEMA[name]
+    settings = {key: spec.default for key, spec in schema.items()}
+    if not given:
+        return FeatureConfig(name, False, settings)
+    enabled = True
+    for key, (value, where) in given.items():
+        if key == "enabled":
+            if not isinstance(value, bool) and value not in (0, 1):
+                raise LuceConfigError(f"{where}: got {value!r}; expected true or false")
+            enabled = bool(value)
+            continue
+        spec = schema.get(key)
+        if spec is None:
+            raise LuceConfigError(f"{where}: unknown key {key!r}; accepted keys for {name}: "
+                                  f"enabled, {', '.join(schema)}")
+        settings[key] = _validate(spec, value, where)
+    if enabled and name not in AVAILABLE_FEATURES:
+        raise LuceConfigError(
+            f"luce.{name}: {name} is not available in this version of vllm-luce; remove the "
+            f"setting or set it to {{\"enabled\": false}}. Available features: "
+            f"{', '.join(sorted(AVAILABLE_FEATURES)) or 'none yet'}")
+    return FeatureConfig(name, enabled, settings)
+
+
+def _validate(spec: Key, value: Any, where: str) -> Any:
+    kinds = spec.kind if isinstance(spec.kind, tuple) else (spec.kind,)
+    # bool is an int subclass: `true` is never a valid size or ratio.
+    wrong_type = not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)
+    if wrong_type or not spec.check(value):
+        raise LuceConfigError(f"{where}: got {value!r}; expected {spec.accepted}")
+    return value

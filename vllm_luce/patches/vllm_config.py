@@ -1,0 +1,33 @@
+"""Patch: validate `--additional-config '{"luce": ...}'` when vLLM builds its VllmConfig (see LEDGER)."""
+
+from __future__ import annotations
+
+import functools
+
+from vllm_luce.config import LuceConfig
+from vllm_luce.log import logger, tag
+from vllm_luce.patches import wrap_method
+
+_logged = False
+
+
+def _make_wrapper(original):
+    @functools.wraps(original)
+    def __post_init__(self) -> None:
+        luce = LuceConfig.from_vllm_config(self)
+        original(self)
+        global _logged
+        if not _logged:
+            _logged = True
+            import vllm_luce
+
+            logger.info("%s: executors: %s; active features: %s", tag(),
+                        vllm_luce.executors_description, luce.describe())
+
+    return __post_init__
+
+
+def apply() -> bool:
+    from vllm.config.vllm import VllmConfig
+
+    return wrap_method(VllmConfig, "__post_init__", "(self)", _make_wrapper)
