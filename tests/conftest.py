@@ -1,0 +1,38 @@
+"""Shared test setup: vLLM's CPU environment and the tiny model fixtures (built once per session)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+# vLLM on this CPU machine: a fixed KV budget (the NUMA memory report is unreliable), internal
+# sockets on loopback, no hub. Set before vLLM is imported anywhere.
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+# Families served by Luce executors, and what their tiny fixtures look like to the layer plan.
+EXECUTOR_FAMILIES = {
+    "qwen3_6": ("LuceQwen3_5ForCausalLM", "4 layers: 1 full_attention, 3 linear_attention"),
+    "qwen3_6_moe": ("LuceQwen3_5MoeForCausalLM", "4 layers: 1 full_attention, 3 linear_attention"),
+    "gemma4": ("LuceGemma4ForCausalLM", "4 layers: 1 full_attention, 3 sliding_attention"),
+    "laguna": ("LuceLagunaForCausalLM", "4 layers: 1 full_attention, 3 sliding_attention"),
+}
+
+
+@pytest.fixture(scope="session")
+def fixtures_root(tmp_path_factory) -> Path:
+    """Where tiny checkpoints live: $VLLM_LUCE_FIXTURES (reused across runs) or a session tmp dir."""
+    root = os.environ.get("VLLM_LUCE_FIXTURES")
+    return Path(root) if root else tmp_path_factory.mktemp("fixtures")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(fixtures_root):
+    from tests.fixtures.tiny_models import build_model
+
+    def get(family: str) -> Path:
+        return build_model(family, fixtures_root / family)
+
+    return get

@@ -1,0 +1,43 @@
+import inspect
+
+import pytest
+
+from vllm_luce.patches import LEDGER, PatchTargetChanged, wrap_method
+
+
+class Target:
+    def method(self, x):
+        return x + 1
+
+
+def add_ten(original):
+    def method(self, x):
+        return original(self, x) + 10
+    return method
+
+
+def test_wrap_checks_the_signature_and_is_idempotent():
+    class Fresh(Target):
+        def method(self, x):
+            return x + 1
+
+    with pytest.raises(PatchTargetChanged, match=r"has signature \(self, x\); vllm-luce expects \(self\)"):
+        wrap_method(Fresh, "method", "(self)", add_ten)
+    assert wrap_method(Fresh, "method", "(self, x)", add_ten) is True
+    assert wrap_method(Fresh, "method", "(self, x)", add_ten) is False
+    assert Fresh().method(1) == 12
+    with pytest.raises(PatchTargetChanged, match="no longer exists"):
+        wrap_method(Fresh, "gone", "(self)", add_ten)
+
+
+def test_every_ledger_target_exists_in_the_installed_vllm():
+    import importlib
+
+    for entry in LEDGER:
+        module_name, qualname = entry.target.split(":")
+        owner_name, attr = qualname.rsplit(".", 1)
+        owner = getattr(importlib.import_module(module_name), owner_name)
+        original = getattr(owner.__dict__[attr], "__wrapped__", owner.__dict__[attr])
+        assert str(inspect.signature(original)) == "(self)", entry.target
+        assert entry.why and entry.how and entry.remove_when
+        importlib.import_module(entry.module)

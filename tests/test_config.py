@@ -1,0 +1,77 @@
+import pytest
+
+from vllm_luce.config import SCHEMA, LuceConfig, LuceConfigError
+
+
+def build(luce=None, environ=None):
+    additional = None if luce is None else {"luce": luce}
+    return LuceConfig.from_sources(additional, environ or {})
+
+
+def test_every_feature_is_off_by_default():
+    config = build()
+    assert config.active == []
+    assert config.describe() == "none"
+    assert set(config.features) == set(SCHEMA)
+    assert config.kvflash.chunk_tokens == 64
+
+
+def test_other_additional_config_keys_are_not_ours():
+    assert LuceConfig.from_sources({"gdn_prefill_backend": "auto"}, {}).active == []
+
+
+@pytest.mark.parametrize("luce, message", [
+    ({"kvflsh": {}}, "unknown key 'kvflsh'; accepted keys: dflash, kvflash, pflash"),
+    ({"kvflash": {"pool_tokenz": 1}}, "luce.kvflash.pool_tokenz: unknown key 'pool_tokenz'; accepted keys for kvflash: enabled, pool_tokens"),
+    ({"kvflash": {"pool_tokens": 0}}, "luce.kvflash.pool_tokens: got 0; expected a positive integer or 'auto'"),
+    ({"kvflash": {"pool_tokens": -64}}, "got -64"),
+    ({"kvflash": {"pool_tokens": 4096.5}}, "got 4096.5; expected a positive integer"),
+    ({"kvflash": {"pool_tokens": True}}, "got True"),
+    ({"kvflash": {"chunk_tokens": 48}}, "expected a power of two in [16, 1024]"),
+    ({"kvflash": {"policy": "random"}}, "expected one of 'lru', 'qk', 'scorer'"),
+    ({"pflash": {"keep_ratio": 0}}, "luce.pflash.keep_ratio: got 0; expected a number in (0, 1]"),
+    ({"pflash": {"keep_ratio": "0.1"}}, "got '0.1'"),
+    ({"dflash": {"gate": "yes"}}, "luce.dflash.gate: got 'yes'; expected true or false"),
+    ({"dflash": 3}, "luce.dflash: got 3; expected a JSON object"),
+    ({"dflash": {"enabled": "maybe"}}, "expected true or false"),
+])
+def test_bad_values_name_the_key_the_value_and_what_is_accepted(luce, message):
+    with pytest.raises(LuceConfigError) as error:
+        build(luce)
+    assert message in str(error.value)
+
+
+def test_luce_must_be_an_object():
+    with pytest.raises(LuceConfigError, match="expected a JSON object"):
+        LuceConfig.from_sources({"luce": "kvflash"}, {})
+
+
+def test_enabling_a_feature_that_has_not_landed_stops_startup():
+    with pytest.raises(LuceConfigError, match="luce.kvflash: kvflash is not available"):
+        build({"kvflash": {"pool_tokens": 4096}})
+
+
+def test_disabled_sections_are_validated_but_inactive():
+    config = build({"kvflash": {"enabled": False, "pool_tokens": 4096}, "pflash": False})
+    assert config.active == []
+    assert config.kvflash.pool_tokens == 4096
+    with pytest.raises(LuceConfigError, match="got 0"):
+        build({"kvflash": {"enabled": False, "pool_tokens": 0}})
+
+
+def test_environment_is_parsed_and_additional_config_wins():
+    environ = {"VLLM_LUCE_KVFLASH": "0", "VLLM_LUCE_KVFLASH_POOL_TOKENS": "2048",
+               "VLLM_LUCE_KVFLASH_POLICY": "lru", "VLLM_LUCE_PFLASH_KEEP_RATIO": "0.25",
+               "VLLM_LUCE_PFLASH_ENABLED": "false", "VLLM_LUCE_EXECUTORS": "auto"}
+    config = build({"kvflash": {"policy": "qk"}}, environ)
+    assert config.kvflash.pool_tokens == 2048  # from the environment
+    assert config.kvflash.policy == "qk"  # additional-config overrides the environment
+    assert config.pflash.keep_ratio == 0.25
+    assert config.active == []
+
+
+def test_bad_environment_values_name_the_variable():
+    with pytest.raises(LuceConfigError, match="VLLM_LUCE_KVFLASH_CHUNK_TOKENS: got 100"):
+        build(environ={"VLLM_LUCE_KVFLASH_CHUNK_TOKENS": "100", "VLLM_LUCE_KVFLASH": "off"})
+    with pytest.raises(LuceConfigError, match="unknown environment variable VLLM_LUCE_KVFLAHS_POOL"):
+        build(environ={"VLLM_LUCE_KVFLAHS_POOL": "1"})
