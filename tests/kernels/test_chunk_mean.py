@@ -64,11 +64,15 @@ def test_matches_naive(poisoned, device, head_dim, num_heads, chunk_size, dtype,
     cu_seqlens = _cu_seqlens(seq_lens, index_dtype, device)
     expected, expected_cu_chunks = chunk_mean_naive(keys, cu_seqlens, chunk_size)
 
-    out = poisoned(expected.shape, torch.float32)
+    # A poisoned margin chunk on each side turns a stray write into a failure rather than a crash:
+    # under the interpreter an out-of-bounds store corrupts the host heap.
+    buffer = poisoned((expected.shape[0] + 2, num_heads, head_dim), torch.float32)
+    out = buffer[1:-1]
     means, cu_chunks = chunk_mean(keys, cu_seqlens, chunk_size, out=out)
 
     assert means is out
     assert torch.isfinite(means).all(), "the kernel left elements of out unwritten"
+    assert torch.isnan(buffer[[0, -1]]).all(), "the kernel wrote outside out"
     torch.testing.assert_close(means, expected, **FP32_TOL)
     assert cu_chunks.dtype == index_dtype
     assert torch.equal(cu_chunks, expected_cu_chunks)
@@ -114,14 +118,15 @@ def test_writes_only_inside_out(poisoned, device):
     keys = _make_keys(sum(seq_lens), num_heads, head_dim, torch.float32, "contiguous", device, seed=3)
     cu_seqlens = _cu_seqlens(seq_lens, torch.int32, device)
     total_chunks = 2 + 0 + 3
-    # out is a strided window of a larger poisoned buffer: chunks 2..6, heads 1..3, dims 0..19.
-    buffer = poisoned((total_chunks + 4, num_heads + 2, head_dim + 5), torch.float32)
-    out = buffer[2:2 + total_chunks, 1:1 + num_heads, :head_dim]
+    # out is a strided window of a larger poisoned buffer: chunks 2..6, heads 1..3, every other dim.
+    buffer = poisoned((total_chunks + 4, num_heads + 2, 2 * head_dim + 3), torch.float32)
+    window = (slice(2, 2 + total_chunks), slice(1, 1 + num_heads), slice(1, 1 + 2 * head_dim, 2))
+    out = buffer[window]
 
     chunk_mean(keys, cu_seqlens, chunk_size, out=out)
 
     inside = torch.zeros(buffer.shape, dtype=torch.bool, device=device)
-    inside[2:2 + total_chunks, 1:1 + num_heads, :head_dim] = True
+    inside[window] = True
     assert torch.isfinite(buffer[inside]).all()
     assert torch.isnan(buffer[~inside]).all(), "the kernel wrote outside out"
     torch.testing.assert_close(out, chunk_mean_naive(keys, cu_seqlens, chunk_size)[0], **FP32_TOL)
@@ -143,19 +148,24 @@ def _bad_call(device, **changes):
     return args
 
 
+# name: (argument changes, exception type, message regex)
 BAD_INPUTS = {
-    "keys-2d": (dict(keys=torch.zeros(5, 8)), ValueError, r"keys must be \[total_tokens, num_heads, head_dim\]"),
+    "keys-2d": (dict(keys=torch.zeros(5, 8)), ValueError,
+                r"keys must be \[total_tokens, num_heads, head_dim\]"),
     "keys-int": (dict(keys=torch.zeros(5, 2, 4, dtype=torch.int32)), TypeError, "keys dtype must be"),
-    "cu-2d": (dict(cu_seqlens=torch.tensor([[0, 5]])), ValueError, r"cu_seqlens must be a 1-D tensor"),
-    "cu-float": (dict(cu_seqlens=torch.tensor([0.0, 5.0])), TypeError, "cu_seqlens dtype must be int32 or int64"),
+    "cu-2d": (dict(cu_seqlens=torch.tensor([[0, 5]])), ValueError, "cu_seqlens must be a 1-D tensor"),
+    "cu-float": (dict(cu_seqlens=torch.tensor([0.0, 5.0])), TypeError,
+                 "cu_seqlens dtype must be int32 or int64"),
     "chunk-0": (dict(chunk_size=0), ValueError, "chunk_size must be a positive int, got 0"),
     "chunk-negative": (dict(chunk_size=-3), ValueError, "chunk_size must be a positive int"),
     "chunk-float": (dict(chunk_size=2.0), ValueError, "chunk_size must be a positive int"),
     "cu-start": (dict(cu_seqlens=torch.tensor([1, 3, 5])), ValueError, "cu_seqlens must start at 0, got 1"),
-    "cu-decreasing": (dict(cu_seqlens=torch.tensor([0, 4, 3, 5])), ValueError, "cu_seqlens must be non-decreasing"),
+    "cu-decreasing": (dict(cu_seqlens=torch.tensor([0, 4, 3, 5])), ValueError,
+                      "cu_seqlens must be non-decreasing"),
     "cu-end": (dict(cu_seqlens=torch.tensor([0, 3])), ValueError,
                "cu_seqlens must end at total_tokens=5, got 3"),
-    "out-dtype-int": (dict(out_dtype=torch.int32), TypeError, "out_dtype must be float32, float16 or bfloat16"),
+    "out-dtype-int": (dict(out_dtype=torch.int32), TypeError,
+                      "out_dtype must be float32, float16 or bfloat16"),
     "out-shape": (dict(out=torch.zeros(2, 2, 4)), ValueError, r"out must be \[3, 2, 4\] torch.float32"),
     "out-dtype-mismatch": (dict(out=torch.zeros(3, 2, 4, dtype=torch.bfloat16)), ValueError,
                            r"out must be \[3, 2, 4\] torch.float32"),

@@ -153,7 +153,7 @@ def chunk_mean(keys: torch.Tensor, cu_seqlens: torch.Tensor, chunk_size: int,
 
     if total_chunks > 0 and num_heads > 0 and head_dim > 0:
         block_d = min(triton.next_power_of_2(head_dim), _MAX_BLOCK_D)
-        grid = (total_chunks, num_heads, 1)
+        grid = (total_chunks, num_heads, triton.cdiv(head_dim, block_d))
         _chunk_mean_kernel[grid](
             keys, out, chunk_table,
             keys.stride(0), keys.stride(1), keys.stride(2),
