@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 source scripts/env.sh
-export VLLM_LUCE_FIXTURES="${VLLM_LUCE_FIXTURES:-$(mktemp -d)/fixtures}"
+export LUCE_TEST_FIXTURES="${LUCE_TEST_FIXTURES:-$(mktemp -d)/fixtures}"
 
 echo "== tier 1: unit tests (pure cores, config, registry, patches)"
 python -m pytest tests -q --ignore=tests/kernels --ignore=tests/e2e "$@"

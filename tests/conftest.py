@@ -23,8 +23,8 @@ EXECUTOR_FAMILIES = {
 
 @pytest.fixture(scope="session")
 def fixtures_root(tmp_path_factory) -> Path:
-    """Where tiny checkpoints live: $VLLM_LUCE_FIXTURES (reused across runs) or a session tmp dir."""
-    root = os.environ.get("VLLM_LUCE_FIXTURES")
+    """Where tiny checkpoints live: $LUCE_TEST_FIXTURES (reused across runs) or a session tmp dir."""
+    root = os.environ.get("LUCE_TEST_FIXTURES")
     return Path(root) if root else tmp_path_factory.mktemp("fixtures")
 
 
