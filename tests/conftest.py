@@ -5,12 +5,11 @@ from pathlib import Path
 
 import pytest
 
-# vLLM on this CPU machine: a fixed KV budget (the NUMA memory report is unreliable), internal
-# sockets on loopback, no hub. Set before vLLM is imported anywhere.
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+from tests.e2e.server import CPU_ENV
+
+# Set before vLLM is imported anywhere.
+for _name, _value in {**CPU_ENV, "TOKENIZERS_PARALLELISM": "false"}.items():
+    os.environ.setdefault(_name, _value)
 
 # Families served by Luce executors, and what their tiny fixtures look like to the layer plan.
 EXECUTOR_FAMILIES = {

@@ -14,15 +14,27 @@ PROMPTS = ["def fibonacci(n):\n    ", "import json\n\nclass Encoder", "The quick
 MAX_TOKENS = 24
 
 
-def generate(model_dir: str) -> dict:
-    from vllm import LLM, SamplingParams
+def build_llm(model_dir: str):
+    from vllm import LLM
 
-    llm = LLM(model=model_dir, enforce_eager=True, max_model_len=512, dtype="bfloat16", seed=0)
+    return LLM(model=str(model_dir), enforce_eager=True, max_model_len=512, dtype="bfloat16", seed=0)
+
+
+def greedy_run(llm) -> dict:
+    """The serving class and greedy token ids of PROMPTS: what the parity tests compare."""
+    from vllm import SamplingParams
+
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-    model_class = llm.apply_model(lambda model: type(model).__name__)[0]
+    return {"class": llm.apply_model(lambda model: type(model).__name__)[0],
+            "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
+
+
+def generate(model_dir: str) -> dict:
+    llm = build_llm(model_dir)
+    run = greedy_run(llm)
     del llm
-    return {"class": model_class, "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
+    return run
 
 
 if __name__ == "__main__":

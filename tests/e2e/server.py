@@ -10,8 +10,10 @@ import time
 import urllib.request
 from pathlib import Path
 
-SERVE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1",
-             "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
+# vLLM on this CPU machine: a fixed KV budget (the NUMA memory report is unreliable), internal
+# sockets on loopback, no hub.
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1"}
+SERVE_ENV = {**CPU_ENV, "VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 
 
 def free_port() -> int:

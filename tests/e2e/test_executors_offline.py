@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import EXECUTOR_FAMILIES
-from tests.e2e.generate_tokens import MAX_TOKENS, PROMPTS
+from tests.e2e.generate_tokens import MAX_TOKENS, build_llm, greedy_run
 
 pytestmark = pytest.mark.e2e
 FAMILIES = sorted(EXECUTOR_FAMILIES)
@@ -40,21 +40,15 @@ def upstream_tokens(model_dirs, tmp_path_factory):
 def luce_runs(model_dirs):
     """One in-process engine per family, with the plugin's executors: tokens, class and layer plan."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     runs = {}
     for family, model_dir in model_dirs.items():
-        llm = LLM(model=str(model_dir), enforce_eager=True, max_model_len=512, dtype="bfloat16", seed=0)
-        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
-        outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+        llm = build_llm(model_dir)
         chat = llm.chat([{"role": "user", "content": "Say hello."}],
                         SamplingParams(max_tokens=8, temperature=0.0), use_tqdm=False)
-        runs[family] = {
-            "tokens": [list(o.outputs[0].token_ids) for o in outputs],
-            "chat": chat[0].outputs[0],
-            "class": llm.apply_model(lambda model: type(model).__name__)[0],
-            "plan": llm.apply_model(lambda model: model.luce_layers)[0],
-        }
+        runs[family] = {**greedy_run(llm), "chat": chat[0].outputs[0],
+                        "plan": llm.apply_model(lambda model: model.luce_layers)[0]}
         del llm
     return runs
 
