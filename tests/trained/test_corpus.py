@@ -77,3 +77,20 @@ def test_repeated_spans_copy_earlier_tokens(tok, tokens):
     # The window up to the first insertion is untouched.
     first_diff = int(np.flatnonzero(out != window)[0])
     assert np.array_equal(out[:first_diff], window[:first_diff])
+
+
+def test_needle_probe_matches_the_test_prompts(tok, tokens):
+    """The training-time probe asks what tests/fixtures/needle.py asks: one planted 6-digit line,
+    the query on the last line, the answer digits right after it."""
+    cases = C.Batcher(tokens, tok, 512, seed=3).needle_probe(5)
+    assert len(cases) == 5
+    for seq, answer in cases:
+        assert 0.8 * 512 <= len(seq) <= 512
+        text = tok.decode(seq.tolist())
+        digits = tok.decode(seq[answer].tolist())
+        assert re.fullmatch(r"\d{6}", digits)
+        (key, planted), = KEY_LINE.findall(text)  # the needle; the query has no closing quote
+        assert planted == digits
+        assert text.endswith(f'\nKEY_{key} = "{digits}')
+    again = C.Batcher(tokens, tok, 512, seed=3).needle_probe(5)
+    assert all((a == b).all() for (a, _), (b, _) in zip(cases, again))
