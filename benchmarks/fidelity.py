@@ -10,6 +10,8 @@ Measures (greedy throughout):
                acceptance from vLLM's spec-decode metrics, on held-out code prompts
   needle       retrieval accuracy of a planted ``KEY_<n> = "<digits>"`` line at several depths
   determinism  greedy outputs of two runs identical
+  parity       perplexity of the first 4 windows in HF transformers (fp32, CPU) and in vLLM:
+               the trained weights are served faithfully
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tests.fixtures.trained import heldout_files, trained_model  # noqa: E402
 PPL_WINDOW = 2048
 CODE_PROMPT_TOKENS = 256
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
+MEASURES = ["perplexity", "parity", "acceptance", "needle", "determinism"]
 
 
 def build_llm(max_model_len: int, *, drafter: Path | None = None, num_spec: int = 15, **kw):
@@ -78,6 +81,22 @@ def perplexity(llm, windows: list[list[int]]) -> float:
     return math.exp(nll / n)
 
 
+def hf_perplexity(windows: list[list[int]]) -> float:
+    """The same windows through HF transformers in fp32 (its PyTorch Gated DeltaNet)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(trained_model("qwen36-target"), dtype=torch.float32).eval()
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for w in windows:
+            x = torch.tensor([w])
+            logits = model(input_ids=x).logits[0, :-1].float()
+            nll += torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").item()
+            n += len(w) - 1
+    return math.exp(nll / n)
+
+
 def greedy(llm, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
     from vllm import SamplingParams
 
@@ -122,14 +141,14 @@ def needle_accuracy(llm, tokens: int, seeds: range, depths=DEPTHS) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["perplexity", "acceptance", "needle", "determinism"], nargs="+")
+    ap.add_argument("--only", choices=MEASURES, nargs="+")
     ap.add_argument("--needle-tokens", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     ap.add_argument("--needle-seeds", type=int, default=4)
     ap.add_argument("--code-prompts", type=int, default=16)
     ap.add_argument("--gen-tokens", type=int, default=128)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    want = set(args.only or ["perplexity", "acceptance", "needle", "determinism"])
+    want = set(args.only or MEASURES)
     results: dict = {}
     t0 = time.time()
     max_len = max(args.needle_tokens) + 64 if "needle" in want else 4096
@@ -139,6 +158,11 @@ def main(argv=None) -> int:
         results["perplexity"] = {"windows": 16, "window_tokens": PPL_WINDOW,
                                  "ppl": round(perplexity(llm, heldout_token_windows(tok, 16, PPL_WINDOW)), 3)}
         print(json.dumps(results["perplexity"]), flush=True)
+    if "parity" in want:
+        windows = heldout_token_windows(tok, 16, PPL_WINDOW)[:4]
+        results["parity"] = {"windows": 4, "vllm_ppl": round(perplexity(llm, windows), 4),
+                             "hf_fp32_ppl": round(hf_perplexity(windows), 4)}
+        print(json.dumps(results["parity"]), flush=True)
     if "needle" in want:
         results["needle"] = []
         for n in args.needle_tokens:
