@@ -37,7 +37,20 @@ def test_every_ledger_target_exists_in_the_installed_vllm():
         module_name, qualname = entry.target.split(":")
         owner_name, attr = qualname.rsplit(".", 1)
         owner = getattr(importlib.import_module(module_name), owner_name)
-        original = getattr(owner.__dict__[attr], "__wrapped__", owner.__dict__[attr])
-        assert str(inspect.signature(original)) == "(self)", entry.target
+        found = owner.__dict__[attr]
+        found = getattr(found, "__func__", found)  # a staticmethod
+        original = getattr(found, "__wrapped__", found)
+        assert str(inspect.signature(original)) == entry.signature, entry.target
         assert entry.why and entry.how and entry.remove_when
         importlib.import_module(entry.module)
+
+
+def test_wrap_keeps_a_staticmethod_static():
+    class Owner:
+        @staticmethod
+        def build(x):
+            return x * 2
+
+    assert wrap_method(Owner, "build", "(x)", lambda original: lambda x: original(x) + 1) is True
+    assert isinstance(Owner.__dict__["build"], staticmethod)
+    assert Owner.build(3) == 7 and Owner().build(3) == 7

@@ -20,6 +20,7 @@ class PatchTargetChanged(RuntimeError):
 @dataclass(frozen=True)
 class LedgerEntry:
     target: str
+    signature: str  # of the target in the supported vLLM; wrap_method refuses any other
     module: str
     why: str
     how: str
@@ -29,6 +30,7 @@ class LedgerEntry:
 LEDGER: tuple[LedgerEntry, ...] = (
     LedgerEntry(
         target="vllm.config.vllm:VllmConfig.__post_init__",
+        signature="(self)",
         module="vllm_luce.patches.vllm_config",
         why="vLLM has no hook that validates `--additional-config` for a general plugin. Without one, "
             "a typo in the `luce` settings would be ignored, or fail late inside a worker.",
@@ -37,13 +39,46 @@ LEDGER: tuple[LedgerEntry, ...] = (
         remove_when="vLLM offers a config-validation hook for plugins (e.g. a `vllm.config_validators` "
                     "entry point) or an additional_config schema registry.",
     ),
+    LedgerEntry(
+        target="vllm.engine.arg_utils:EngineArgs.add_cli_args",
+        signature="(parser: vllm.utils.argparse_utils.FlexibleArgumentParser) -> "
+                  "vllm.utils.argparse_utils.FlexibleArgumentParser",
+        module="vllm_luce.patches.engine_args",
+        why="`vllm serve TARGET --speculative-model dflash` is the product's one-flag form; vLLM 0.32 has "
+            "no such flag and no hook for plugins to add CLI arguments.",
+        how="Wraps the static add_cli_args (vLLM loads general plugins just before calling it) and adds "
+            "`--speculative-model` as an alias of vLLM's own `--spec-model` (same destination).",
+        remove_when="vLLM gains a `--speculative-model` flag or a plugin hook for CLI arguments.",
+    ),
+    LedgerEntry(
+        target="vllm.engine.arg_utils:EngineArgs.create_speculative_config",
+        signature="(self, target_model_config: vllm.config.model.ModelConfig, target_parallel_config: "
+                  "vllm.config.parallel.ParallelConfig) -> vllm.config.speculative.SpeculativeConfig | None",
+        module="vllm_luce.patches.engine_args",
+        why="The word `dflash` must resolve to a drafter (search order in spec_decode/resolve.py), "
+            "num_speculative_tokens must default to the drafter's block size - 1, and a drafter that "
+            "does not match its target must stop startup naming both values. vLLM builds "
+            "SpeculativeConfig here with no hook before it.",
+        how="Wraps create_speculative_config: rewrites the `model` (from --spec-model/--speculative-model "
+            "or --speculative-config) to the resolved path, fills method and token count only where the "
+            "user left them unset, checks the drafter against the target, then calls vLLM's code.",
+        remove_when="vLLM resolves drafters through a registry or exposes a speculative-config hook.",
+    ),
 )
+
+
+def ledger_signature(target: str) -> str:
+    """The signature the ledger records for ``module:Owner.name``."""
+    return next(e.signature for e in LEDGER if e.target == target)
 
 
 def wrap_method(owner: type, name: str, expected_signature: str,
                 make_wrapper: Callable[[Callable], Callable]) -> bool:
     """Replace `owner.name` by `make_wrapper(original)`; False if already done. Checks the signature."""
     original = owner.__dict__.get(name)
+    static = isinstance(original, staticmethod)
+    if static:
+        original = original.__func__
     if original is None:
         raise PatchTargetChanged(f"{owner.__module__}.{owner.__qualname__}.{name} no longer exists; "
                                  "this vLLM is not supported by vllm-luce")
@@ -57,11 +92,12 @@ def wrap_method(owner: type, name: str, expected_signature: str,
     wrapper = make_wrapper(original)
     wrapper.__luce_patched__ = True
     wrapper.__wrapped__ = original
-    setattr(owner, name, wrapper)
+    setattr(owner, name, staticmethod(wrapper) if static else wrapper)
     return True
 
 
 def apply_patches() -> None:
-    from vllm_luce.patches import vllm_config
+    from vllm_luce.patches import engine_args, vllm_config
 
     vllm_config.apply()
+    engine_args.apply()

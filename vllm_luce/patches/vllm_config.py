@@ -6,7 +6,7 @@ import functools
 
 from vllm_luce.config import LuceConfig
 from vllm_luce.log import logger, tag
-from vllm_luce.patches import wrap_method
+from vllm_luce.patches import ledger_signature, wrap_method
 
 _logged = False
 
@@ -30,4 +30,5 @@ def _make_wrapper(original):
 def apply() -> bool:
     from vllm.config.vllm import VllmConfig
 
-    return wrap_method(VllmConfig, "__post_init__", "(self)", _make_wrapper)
+    return wrap_method(VllmConfig, "__post_init__", ledger_signature("vllm.config.vllm:VllmConfig.__post_init__"),
+                       _make_wrapper)

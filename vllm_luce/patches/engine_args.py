@@ -1,0 +1,86 @@
+"""Patch: `--speculative-model dflash` and drafter resolution when vLLM builds SpeculativeConfig
+(see LEDGER). The logic lives in `vllm_luce.spec_decode.resolve`; this file only binds it."""
+
+from __future__ import annotations
+
+import functools
+
+from vllm_luce.log import logger, tag
+from vllm_luce.patches import ledger_signature, wrap_method
+from vllm_luce.spec_decode import resolve as R
+
+TARGETS = "vllm.engine.arg_utils:EngineArgs"
+FLAG_HELP = ("vllm-luce: the speculative drafter. `dflash` finds the DFlash drafter of the target "
+             "(TARGET/dflash/, a sibling <target-name>-DFlash*, $VLLM_LUCE_DRAFTER, then z-lab's name in the "
+             "Hugging Face cache); a path or repository id is used as given. Same as --spec-model; "
+             "method and --spec-tokens default from the drafter (block size - 1).")
+
+
+def _make_add_cli_args(original):
+    @functools.wraps(original)
+    def add_cli_args(parser):
+        parser = original(parser)
+        if not any("--speculative-model" in a.option_strings for a in parser._actions):
+            parser.add_argument("--speculative-model", dest="spec_model", default=None, help=FLAG_HELP)
+        return parser
+
+    return add_cli_args
+
+
+def apply_dflash_defaults(engine_args, target: str, target_text_config: dict) -> R.ResolvedDrafter | None:
+    """Resolve `dflash`, fill unset method and token count, check the drafter; None if not DFlash."""
+    spec = dict(engine_args.speculative_config or {})
+    from_flag = engine_args.spec_model is not None
+    model = engine_args.spec_model if from_flag else spec.get("model")
+    method = engine_args.spec_method or spec.get("method")
+    if model is None or method not in (None, "dflash"):
+        if model == R.DFLASH_WORD:
+            raise R.DrafterMismatch(f"--speculative-model dflash resolves a DFlash drafter, but the "
+                                    f"speculative method is {method!r}; leave it unset or use 'dflash'")
+        return None
+    resolved = R.resolve_drafter(model, target)
+    drafter_config = R.load_drafter_config(resolved.path)
+    is_dflash = method == "dflash" or (drafter_config is not None and R.DFLASH_ARCHITECTURE in
+                                       (drafter_config.get("architectures") or []))
+    if not is_dflash:
+        return None
+
+    def set_default(flag_attr: str, key: str, value) -> None:
+        if getattr(engine_args, flag_attr) is None and key not in spec:
+            if from_flag:
+                setattr(engine_args, flag_attr, value)
+            else:
+                spec[key] = value
+
+    if from_flag:
+        engine_args.spec_model = resolved.path
+    else:
+        spec["model"] = resolved.path
+    set_default("spec_method", "method", "dflash")
+    if drafter_config is not None:
+        set_default("spec_tokens", "num_speculative_tokens", R.default_num_speculative_tokens(drafter_config))
+        R.check_drafter_matches_target(drafter_config, target_text_config, resolved.path, target)
+    if not from_flag:
+        engine_args.speculative_config = spec
+    return resolved
+
+
+def _make_create_speculative_config(original):
+    @functools.wraps(original)
+    def create_speculative_config(self, target_model_config, target_parallel_config):
+        resolved = apply_dflash_defaults(self, target_model_config.model,
+                                         target_model_config.hf_text_config.to_dict())
+        if resolved is not None:
+            logger.info("%s: DFlash drafter %s (%s)", tag(), resolved.path, resolved.source)
+        return original(self, target_model_config, target_parallel_config)
+
+    return create_speculative_config
+
+
+def apply() -> bool:
+    from vllm.engine.arg_utils import EngineArgs
+
+    a = wrap_method(EngineArgs, "add_cli_args", ledger_signature(f"{TARGETS}.add_cli_args"), _make_add_cli_args)
+    b = wrap_method(EngineArgs, "create_speculative_config",
+                    ledger_signature(f"{TARGETS}.create_speculative_config"), _make_create_speculative_config)
+    return a or b
