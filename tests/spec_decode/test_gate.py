@@ -1,0 +1,109 @@
+"""The self-calibrating gate core (pure): it measures both modes and runs the faster one."""
+
+import pytest
+
+from vllm_luce.spec_decode.gate import GateConfig, SpecGate, bucket
+
+
+def simulate(gate, steps, spec_tokens_per_s, plain_tokens_per_s, batch=4, context=2048):
+    """Drive the gate as the scheduler binding does: drafts of step t are verified at t + 1, and a
+    step is a clean sample only when it verifies and drafts in the same mode. Returns the modes."""
+    modes, drafted_before = [], False
+    for _ in range(steps):
+        spec = gate.decide(batch, context)
+        if spec == drafted_before:  # clean: the rate of that mode
+            rate = spec_tokens_per_s if spec else plain_tokens_per_s
+            tokens = batch * (3 if spec else 1)
+            gate.observe(speculative=spec, batch_size=batch, context_tokens=context,
+                         committed_tokens=tokens, seconds=tokens / rate)
+        modes.append(spec)
+        drafted_before = spec
+    return modes
+
+
+def test_bucket_is_the_power_of_two_at_or_above():
+    assert [bucket(n) for n in (0, 1, 2, 3, 4, 5, 16, 17)] == [0, 1, 2, 4, 4, 8, 16, 32]
+
+
+@pytest.mark.parametrize("spec_rate, plain_rate, expect_spec", [(300.0, 100.0, True), (80.0, 100.0, False)])
+def test_runs_the_faster_mode_after_calibrating(spec_rate, plain_rate, expect_spec):
+    config = GateConfig()
+    gate = SpecGate(config)
+    modes = simulate(gate, 640, spec_rate, plain_rate)
+    calibrated = modes[4 * config.run_length:]
+    share = sum(m == expect_spec for m in calibrated) / len(calibrated)
+    # Only exploration runs (run_length of every explore_every steps) go the other way.
+    assert share >= 1 - config.run_length / config.explore_every - 0.01, share
+    assert gate.regimes[SpecGate.regime_key(4, 2048)].winner() is expect_spec
+
+
+def test_decisions_hold_for_a_run():
+    gate = SpecGate(GateConfig(run_length=3))
+    modes = simulate(gate, 12, 200.0, 100.0)
+    assert modes[:6] == [True] * 3 + [False] * 3  # calibration: a run of each
+
+
+def test_follows_a_change_in_which_mode_pays():
+    gate = SpecGate()
+    simulate(gate, 400, 300.0, 100.0)
+    later = simulate(gate, 400, 50.0, 100.0)  # e.g. the text became unpredictable
+    assert sum(later[-200:]) / 200 < 0.1
+
+
+def test_regimes_are_separate_by_batch_and_context():
+    gate = SpecGate()
+    simulate(gate, 300, 300.0, 100.0, batch=1)
+    simulate(gate, 300, 50.0, 100.0, batch=64)
+    simulate(gate, 300, 50.0, 100.0, batch=1, context=30_000)
+    assert gate.regimes[SpecGate.regime_key(1, 2048)].winner() is True
+    assert gate.regimes[SpecGate.regime_key(64, 2048)].winner() is False
+    assert gate.regimes[SpecGate.regime_key(1, 30_000)].winner() is False
+    assert "batch<=1 ctx<=2K" in gate.summary() and "-> plain" in gate.summary()
+
+
+def test_ignores_empty_or_zero_time_steps():
+    gate = SpecGate()
+    gate.observe(speculative=True, batch_size=4, context_tokens=10, committed_tokens=0, seconds=1.0)
+    gate.observe(speculative=True, batch_size=4, context_tokens=10, committed_tokens=5, seconds=0.0)
+    assert gate.regimes.get(SpecGate.regime_key(4, 10)) is None or \
+        gate.regimes[SpecGate.regime_key(4, 10)].spec_rate.samples == 0
+
+
+def calibrated_gate(spec_step_s, plain_step_s):
+    gate = SpecGate(GateConfig(patience=3, retry_after=10))
+    for spec, s in ((True, spec_step_s), (False, plain_step_s)):
+        gate.observe(speculative=spec, batch_size=4, context_tokens=100, committed_tokens=4, seconds=4 * s)
+    return gate
+
+
+def test_break_even_is_measured_extra_step_time():
+    gate = calibrated_gate(0.15, 0.10)
+    assert gate.regime(4, 100).break_even() == pytest.approx(0.5)
+
+
+def test_request_below_break_even_stops_drafting_then_retries():
+    gate = calibrated_gate(0.15, 0.10)  # break-even: 0.5 accepted tokens per verify step
+    for _ in range(3):
+        assert gate.request_may_draft("bad")
+        gate.observe_request("bad", accepted=0, batch_size=4, context_tokens=100)
+        gate.observe_request("good", accepted=3, batch_size=4, context_tokens=100)
+    assert not gate.request_may_draft("bad") and gate.request_may_draft("good")
+    assert gate.stopped_requests() == 1
+    for _ in range(10):
+        gate.decide(4, 100)
+    assert gate.request_may_draft("bad")  # retried after retry_after steps
+
+
+def test_forget_releases_request_state():
+    gate = calibrated_gate(0.15, 0.10)
+    for i in range(200):
+        gate.observe_request(f"r{i}", accepted=1, batch_size=4, context_tokens=100)
+        gate.forget(f"r{i}")
+    assert gate.requests == {}
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError, match="run_length"):
+        GateConfig(run_length=1)
+    with pytest.raises(ValueError, match="smoothing"):
+        GateConfig(smoothing=0.0)

@@ -1,0 +1,181 @@
+"""The self-calibrating DFlash gate (pure: no vLLM import).
+
+Speculation pays when it commits more tokens per second than plain decoding. Which one does
+depends on batch size, context length, the drafter, the text and the hardware, so the gate does
+not guess: it measures both. Per regime (batch size and context length bucketed to powers of
+two) it keeps a smoothed rate of committed tokens per second for speculative steps and for
+plain steps, runs whichever is faster, and still runs the other one every ``explore_every``
+steps so a stale estimate cannot lock a regime into the wrong mode. A regime without samples
+of both modes alternates until it has ``min_samples`` of each. A decision holds for
+``run_length`` steps: drafts made in one step are verified in the next, so the first step of a
+run is a transition (the binding reports it as neither mode) and the rest are clean samples.
+
+Per request it keeps the smoothed number of accepted draft tokens per verify step. Verifying a
+request's drafts costs its share of the extra step time, ``t_spec / t_plain - 1`` committed-token
+equivalents (both times measured by the same regime), so a request whose acceptance stays below
+that break-even for ``patience`` verify steps stops drafting; it is re-tried after
+``retry_after`` steps, so text that becomes predictable again is speculated again.
+
+Both modes are lossless: a decision changes speed, never output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    explore_every: int = 64  # steps between runs of the mode currently losing, per regime
+    run_length: int = 3  # steps a decision holds (the first is a transition)
+    min_samples: int = 2  # measured steps of each mode before a regime decides
+    smoothing: float = 0.25  # weight of a new sample in the moving averages
+    patience: int = 4  # verify steps below break-even before a request stops drafting
+    retry_after: int = 64  # steps a stopped request waits before drafting again
+
+    def __post_init__(self):
+        if self.run_length < 2 or self.explore_every <= self.run_length or min(
+                self.min_samples, self.patience, self.retry_after) < 1:
+            raise ValueError(f"GateConfig needs run_length >= 2, explore_every > run_length and the counts >= 1, "
+                             f"got {self}")
+        if not 0.0 < self.smoothing <= 1.0:
+            raise ValueError(f"GateConfig.smoothing must be in (0, 1], got {self.smoothing}")
+
+
+def bucket(n: int) -> int:
+    """0 for n <= 0, else the power of two at or above n: regimes 1, 2, 4, 8, ..."""
+    return 0 if n <= 0 else 1 << (n - 1).bit_length()
+
+
+@dataclass
+class Average:
+    value: float = 0.0
+    samples: int = 0
+
+    def add(self, x: float, weight: float) -> None:
+        self.value = x if self.samples == 0 else self.value + weight * (x - self.value)
+        self.samples += 1
+
+
+@dataclass
+class Regime:
+    spec_rate: Average = field(default_factory=Average)  # committed tokens / second
+    plain_rate: Average = field(default_factory=Average)
+    spec_step_s: Average = field(default_factory=Average)  # seconds per step
+    plain_step_s: Average = field(default_factory=Average)
+    steps: int = 0
+    last_explore: int = 0
+
+    def winner(self) -> bool | None:
+        """True if speculation is faster, False if plain is, None before both are measured."""
+        if not (self.spec_rate.samples and self.plain_rate.samples):
+            return None
+        return self.spec_rate.value >= self.plain_rate.value
+
+    def break_even(self) -> float | None:
+        """Accepted tokens per verify step at which a request's drafts pay for their verification."""
+        if not (self.spec_step_s.samples and self.plain_step_s.samples) or self.plain_step_s.value <= 0:
+            return None
+        return max(0.0, self.spec_step_s.value / self.plain_step_s.value - 1.0)
+
+
+@dataclass
+class RequestState:
+    accepted: Average = field(default_factory=Average)
+    low_streak: int = 0
+    stopped_at: int | None = None  # gate step at which its drafting stopped
+
+
+class SpecGate:
+    def __init__(self, config: GateConfig = GateConfig()):
+        self.config = config
+        self.regimes: dict[tuple[int, int], Regime] = {}
+        self.requests: dict[str, RequestState] = {}
+        self.step = 0
+        self.decisions = {"spec": 0, "plain": 0}
+        self.explorations = 0
+        self._mode = True
+        self._hold = 0
+
+    @staticmethod
+    def regime_key(batch_size: int, context_tokens: int) -> tuple[int, int]:
+        return bucket(batch_size), bucket(context_tokens // 1024)
+
+    def regime(self, batch_size: int, context_tokens: int) -> Regime:
+        return self.regimes.setdefault(self.regime_key(batch_size, context_tokens), Regime())
+
+    # ------------------------------------------------------------------ batch decision
+
+    def decide(self, batch_size: int, context_tokens: int) -> bool:
+        """Speculate on the next step of a batch of this size and mean context?"""
+        self.step += 1
+        r = self.regime(batch_size, context_tokens)
+        r.steps += 1
+        if self._hold > 0:
+            self._hold -= 1
+            self.decisions["spec" if self._mode else "plain"] += 1
+            return self._mode
+        spec_n, plain_n = r.spec_rate.samples, r.plain_rate.samples
+        if min(spec_n, plain_n) < self.config.min_samples:
+            choice = spec_n <= plain_n  # calibrating: measure the mode with fewer samples
+        else:
+            choice = bool(r.winner())
+            if r.steps - r.last_explore >= self.config.explore_every:
+                r.last_explore = r.steps
+                choice = not choice
+                self.explorations += 1
+        self._mode, self._hold = choice, self.config.run_length - 1
+        self.decisions["spec" if choice else "plain"] += 1
+        return choice
+
+    def observe(self, *, speculative: bool, batch_size: int, context_tokens: int, committed_tokens: int,
+                seconds: float) -> None:
+        """One finished step: its mode, its batch, the tokens it committed and its wall time."""
+        if seconds <= 0 or committed_tokens <= 0 or batch_size <= 0:
+            return
+        r = self.regime(batch_size, context_tokens)
+        w = self.config.smoothing
+        rate, step_s = (r.spec_rate, r.spec_step_s) if speculative else (r.plain_rate, r.plain_step_s)
+        rate.add(committed_tokens / seconds, w)
+        step_s.add(seconds / batch_size, w)  # per request, so regimes of one bucket compare
+
+    # ------------------------------------------------------------------ per request
+
+    def request_may_draft(self, request_id: str) -> bool:
+        state = self.requests.get(request_id)
+        if state is None or state.stopped_at is None:
+            return True
+        if self.step - state.stopped_at >= self.config.retry_after:
+            state.stopped_at, state.low_streak = None, 0
+            return True
+        return False
+
+    def observe_request(self, request_id: str, accepted: int, batch_size: int, context_tokens: int) -> None:
+        """A verify step of one request: ``accepted`` of its drafts were accepted."""
+        state = self.requests.setdefault(request_id, RequestState())
+        state.accepted.add(float(accepted), self.config.smoothing)
+        threshold = self.regime(batch_size, context_tokens).break_even()
+        if threshold is None:
+            return
+        state.low_streak = state.low_streak + 1 if state.accepted.value < threshold else 0
+        if state.low_streak >= self.config.patience and state.stopped_at is None:
+            state.stopped_at = self.step
+
+    def forget(self, request_id: str) -> None:
+        self.requests.pop(request_id, None)
+
+    # ------------------------------------------------------------------ reporting
+
+    def stopped_requests(self) -> int:
+        return sum(1 for s in self.requests.values() if s.stopped_at is not None)
+
+    def summary(self) -> str:
+        parts = []
+        for (b, c), r in sorted(self.regimes.items()):
+            w = r.winner()
+            mode = "calibrating" if w is None else ("spec" if w else "plain")
+            parts.append(f"batch<={b} ctx<={c}K: spec {r.spec_rate.value:.1f} tok/s vs plain "
+                         f"{r.plain_rate.value:.1f} tok/s -> {mode}")
+        return (f"gate: {self.decisions['spec']} spec / {self.decisions['plain']} plain steps, "
+                f"{self.explorations} explorations, {self.stopped_requests()} requests not drafting; "
+                + ("; ".join(parts) or "no regimes yet"))
