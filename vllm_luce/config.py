@@ -48,13 +48,10 @@ def _power_of_two(lo: int, hi: int) -> Callable[[Any], bool]:
 
 # Section -> key -> Key. Sections are the features; `enabled` is implicit in every section.
 SCHEMA: dict[str, dict[str, Key]] = {
+    # On by default whenever vLLM speculates with method "dflash" (`--speculative-model dflash`);
+    # `{"dflash": false}` or `{"dflash": {"gate": false}}` turns it off.
     "dflash": {
-        "drafter": Key("dflash", str, "'dflash' (resolve next to the target) or a path / repo id",
-                       lambda v: len(v) > 0),
         "gate": Key(True, bool, "true or false"),
-        "verify_confidence": Key(0.0, (int, float), "a number in [0, 1) (0 verifies every draft)",
-                                 lambda v: 0.0 <= v < 1.0),
-        "min_verify_tokens": Key(1, int, "an integer >= 1", lambda v: v >= 1),
     },
     "kvflash": {
         "pool_tokens": Key("auto", (int, str), "a positive integer or 'auto'", _positive_int_or_auto),
@@ -72,7 +69,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
 
 # Features whose implementation has landed. Enabling any other section stops startup:
 # accepting a setting that does nothing would be worse than refusing it.
-AVAILABLE_FEATURES: frozenset[str] = frozenset()
+AVAILABLE_FEATURES: frozenset[str] = frozenset({"dflash"})
+# Features on by default when what they improve is in use (here: DFlash speculation).
+DEFAULT_ON_WHEN_USED: frozenset[str] = frozenset({"dflash"})
 
 
 @dataclass(frozen=True)
@@ -80,6 +79,11 @@ class FeatureConfig:
     name: str
     enabled: bool
     settings: Mapping[str, Any]
+    given: bool = False  # set by the user (environment or --additional-config), not just defaults
+
+    def on_when_used(self) -> bool:
+        """For DEFAULT_ON_WHEN_USED features: on unless the user switched it off."""
+        return self.enabled or (not self.given and self.name in DEFAULT_ON_WHEN_USED)
 
     def __getattr__(self, key: str) -> Any:
         try:
@@ -203,7 +207,7 @@ def _build_feature(name: str, given: dict[str, tuple[Any, str]] | None) -> Featu
             f"luce.{name}: {name} is not available in this version of vllm-luce; remove the "
             f"setting or set it to {{\"enabled\": false}}. Available features: "
             f"{', '.join(sorted(AVAILABLE_FEATURES)) or 'none yet'}")
-    return FeatureConfig(name, enabled, settings)
+    return FeatureConfig(name, enabled, settings, given=True)
 
 
 def _validate(spec: Key, value: Any, where: str) -> Any:

@@ -35,9 +35,12 @@ def test_every_ledger_target_exists_in_the_installed_vllm():
 
     for entry in LEDGER:
         module_name, qualname = entry.target.split(":")
-        owner_name, attr = qualname.rsplit(".", 1)
-        owner = getattr(importlib.import_module(module_name), owner_name)
-        found = owner.__dict__[attr]
+        module = importlib.import_module(module_name)
+        if "." in qualname:
+            owner_name, attr = qualname.rsplit(".", 1)
+            found = getattr(module, owner_name).__dict__[attr]
+        else:  # a module-level function
+            found = getattr(module, qualname)
         found = getattr(found, "__func__", found)  # a staticmethod
         original = getattr(found, "__wrapped__", found)
         assert str(inspect.signature(original)) == entry.signature, entry.target

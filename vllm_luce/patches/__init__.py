@@ -64,6 +64,22 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "user left them unset, checks the drafter against the target, then calls vLLM's code.",
         remove_when="vLLM resolves drafters through a registry or exposes a speculative-config hook.",
     ),
+    LedgerEntry(
+        target="vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:_spec_forward",
+        signature="(layer, attn_metadata_i: 'GDNAttentionMetadata', mixed_qkv_spec: 'torch.Tensor', "
+                  "b_spec: 'torch.Tensor', a_spec: 'torch.Tensor', conv_buf: 'torch.Tensor', "
+                  "ssm_state: 'torch.Tensor', width: 'int', state_len: 'int') -> 'torch.Tensor'",
+        module="vllm_luce.patches.cpu_gdn_spec",
+        why="vLLM's CPU Gated DeltaNet speculative path rolls each request's conv history as if it "
+            "always verified num_speculative_tokens drafts. With fewer (the DFlash gate's plain steps, "
+            "or requests it stopped drafting for) it crashes (`size of tensor a (18) must match ... (17)`) "
+            "or misplaces the history. So hybrid targets (Qwen3.5/3.6) could not change the draft length.",
+        how="Wraps _spec_forward: when every request verifies the full width, vLLM's own code runs "
+            "unchanged. Otherwise the conv step runs here with the general roll: history = prior[1:] + "
+            "new inputs, left-aligned. vLLM's fused SSM kernel, which already handles any length, then runs.",
+        remove_when="vLLM's CPU GDN spec path supports variable draft counts per request "
+                    "(dynamic speculative decoding on hybrid models).",
+    ),
 )
 
 
@@ -96,8 +112,22 @@ def wrap_method(owner: type, name: str, expected_signature: str,
     return True
 
 
+def wrap_function(module, name: str, expected_signature: str,
+                  make_wrapper: Callable[[Callable], Callable]) -> bool:
+    """``wrap_method`` for a module-level function (callers inside the module see the wrapper)."""
+    holder = type("ModuleFunctions", (), {name: getattr(module, name, None)}) if hasattr(module, name) else None
+    if holder is None:
+        raise PatchTargetChanged(f"{module.__name__}.{name} no longer exists; this vLLM is not supported "
+                                 "by vllm-luce")
+    done = wrap_method(holder, name, expected_signature, make_wrapper)
+    if done:
+        setattr(module, name, holder.__dict__[name])
+    return done
+
+
 def apply_patches() -> None:
-    from vllm_luce.patches import engine_args, vllm_config
+    from vllm_luce.patches import cpu_gdn_spec, engine_args, vllm_config
 
     vllm_config.apply()
     engine_args.apply()
+    cpu_gdn_spec.apply()

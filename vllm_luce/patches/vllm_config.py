@@ -16,13 +16,17 @@ def _make_wrapper(original):
     def __post_init__(self) -> None:
         luce = LuceConfig.from_vllm_config(self)
         original(self)
+        from vllm_luce.spec_decode.install import install_gate
+
+        gated = install_gate(self, luce)
         global _logged
         if not _logged:
             _logged = True
             import vllm_luce
 
-            logger.info("%s: executors: %s; active features: %s", tag(),
-                        vllm_luce.executors_description, luce.describe())
+            logger.info("%s: executors: %s; active features: %s%s", tag(),
+                        vllm_luce.executors_description, luce.describe(),
+                        f"; DFlash gate: {gated}" if gated else "")
 
     return __post_init__
 

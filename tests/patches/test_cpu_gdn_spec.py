@@ -1,0 +1,50 @@
+"""The general conv-history roll of the CPU Gated DeltaNet speculative patch (pure torch).
+
+Each step verifies a different number of inputs and accepts a different number of them; every
+output must equal a plain causal convolution over the accepted stream plus the step's inputs."""
+
+import torch
+
+from vllm_luce.patches.cpu_gdn_spec import roll_conv_and_convolve
+
+
+def reference(stream: list[torch.Tensor], new: torch.Tensor, weight, bias) -> torch.Tensor:
+    width = weight.shape[-1]
+    seq = torch.stack(stream[-(width - 1):] + list(new), dim=-1)  # [dim, width - 1 + q]
+    y = torch.nn.functional.conv1d(seq.unsqueeze(0), weight.unsqueeze(1), bias, groups=weight.shape[0])[0]
+    return torch.nn.functional.silu(y).transpose(0, 1)
+
+
+def test_variable_draft_counts_match_a_plain_causal_conv():
+    g = torch.Generator().manual_seed(0)
+    dim, width, k = 5, 4, 6
+    state_len = width - 2 + 1 + k
+    weight, bias = torch.randn(dim, width, generator=g), torch.randn(dim, generator=g)
+    buffers = torch.full((3, dim, state_len), float("nan"))  # slot 1 is ours; NaN anywhere read wrongly shows
+    stream = [torch.randn(dim, generator=g) for _ in range(width - 1)]
+    buffers[1, :, : width - 1] = torch.stack(stream, dim=-1)  # what prefill leaves
+    accepted = 1
+    plan = [(7, 3), (1, 1), (7, 7), (2, 1), (4, 4), (1, 1), (1, 1), (7, 2), (3, 3)]  # (inputs q, accepted a)
+    for q, a in plan:
+        x = torch.randn(q, dim, generator=g)
+        out = roll_conv_and_convolve(buffers, torch.tensor([1]), torch.tensor([accepted]), torch.tensor([0]),
+                                     torch.tensor([q]), x, weight, bias, silu=True)
+        torch.testing.assert_close(out, reference(stream, x, weight, bias))
+        assert torch.isfinite(out).all()
+        stream += list(x[:a])
+        accepted = a
+
+
+def test_requests_are_independent_and_empty_ones_untouched():
+    g = torch.Generator().manual_seed(1)
+    dim, width, state_len = 3, 4, 8
+    weight = torch.randn(dim, width, generator=g)
+    buffers = torch.randn(4, dim, state_len, generator=g)
+    before = buffers.clone()
+    x = torch.randn(5, dim, generator=g)
+    out = roll_conv_and_convolve(buffers, torch.tensor([2, 0, 3]), torch.tensor([1, 2, 1]),
+                                 torch.tensor([0, 3, 3]), torch.tensor([3, 0, 2]), x, weight, None, silu=False)
+    assert torch.equal(buffers[0], before[0]) and torch.equal(buffers[1], before[1])  # slot 0: q == 0
+    stream2 = list(before[2, :, :3].unbind(-1))
+    y = torch.nn.functional.conv1d(torch.stack(stream2 + list(x[:3]), -1)[None], weight[:, None], groups=dim)[0]
+    torch.testing.assert_close(out[:3], y.transpose(0, 1))

@@ -1,0 +1,41 @@
+"""Switch the DFlash gate on in a VllmConfig: point vLLM's ``scheduler_cls`` setting at the gated
+scheduler when vLLM speculates with DFlash (called from the VllmConfig patch; no other effect)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_luce.config import LuceConfig, LuceConfigError
+
+GATED_SCHEDULERS = {
+    False: "vllm_luce.spec_decode.scheduler.LuceGatedScheduler",
+    True: "vllm_luce.spec_decode.scheduler.LuceGatedAsyncScheduler",
+}
+VLLM_DEFAULT_SCHEDULERS = (None, "vllm.v1.core.sched.scheduler.Scheduler",
+                           "vllm.v1.core.sched.async_scheduler.AsyncScheduler")
+
+
+def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
+    """The scheduler class installed, or None when the gate does not apply (with the reason logged
+    by the caller through ``gate_status``)."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or spec.method != "dflash":
+        return None
+    dflash = luce.dflash
+    if not (dflash.on_when_used() and dflash.gate):
+        return None
+    if getattr(spec, "num_speculative_tokens_per_batch_size", None):
+        raise LuceConfigError(
+            "speculative_config.num_speculative_tokens_per_batch_size: vllm-luce's DFlash gate measures and "
+            "chooses the draft length per step; remove the table or set --additional-config "
+            '\'{"luce": {"dflash": {"gate": false}}}\'')
+    sched = vllm_config.scheduler_config
+    current = sched.scheduler_cls
+    if current in GATED_SCHEDULERS.values():
+        return current
+    if current not in VLLM_DEFAULT_SCHEDULERS:
+        raise LuceConfigError(
+            f"--scheduler-cls {current}: vllm-luce's DFlash gate needs its own scheduler class; drop "
+            "--scheduler-cls or set --additional-config '{\"luce\": {\"dflash\": {\"gate\": false}}}'")
+    sched.scheduler_cls = GATED_SCHEDULERS[bool(getattr(sched, "async_scheduling", False))]
+    return sched.scheduler_cls

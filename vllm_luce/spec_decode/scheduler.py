@@ -1,0 +1,115 @@
+"""Binds the DFlash gate (``gate.py``) to vLLM's scheduler through its own hooks.
+
+vLLM's scheduler asks ``self.dynamic_sd_lookup[batch_size]`` each step for how many tokens to
+draft (its static dynamic-speculation table) and sends the answer to the model runner as
+``SchedulerOutput.num_spec_tokens_to_schedule``. Both model runners honour it: V1
+(``gpu_model_runner.py``, and the CPU runner built on it) and Model Runner V2
+(``worker/gpu/model_runner.py``); with 0 the DFlash proposer still runs its context pass, so the
+drafter's KV stays complete, and returns no drafts. The gate therefore stands in for that
+table, and this scheduler subclass, installed with vLLM's ``scheduler_cls`` setting, feeds it
+what each step cost and committed. Nothing in the workers changes.
+"""
+
+from __future__ import annotations
+
+import time
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.core.sched.scheduler import Scheduler
+
+from vllm_luce.log import logger, tag
+from vllm_luce.spec_decode.gate import GateConfig, SpecGate
+
+LOG_EVERY_S = 10.0
+
+
+class GatedLookup:
+    """What vLLM indexes as ``dynamic_sd_lookup[batch_size]``: the gate's K for the next step."""
+
+    def __init__(self, scheduler: "DFlashGateMixin"):
+        self.scheduler = scheduler
+
+    def __getitem__(self, batch_size: int) -> int:
+        s = self.scheduler
+        speculate = s.luce_gate.decide(batch_size, s.luce_mean_context())
+        return s.luce_max_spec_tokens if speculate else 0
+
+
+class DFlashGateMixin:
+    """Scheduler mixin: the batch gate (K per step) and the per-request draft stop."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.luce_gate = SpecGate(GateConfig())
+        self.luce_max_spec_tokens = self.num_spec_tokens
+        self.dynamic_sd_lookup = GatedLookup(self)
+        self._luce_scheduled_at: dict[int, float] = {}
+        self._luce_last_update = 0.0
+        self._luce_last_log = time.monotonic()
+        logger.info("%s: DFlash gate on (up to %d draft tokens per step)", tag(), self.luce_max_spec_tokens)
+
+    def luce_mean_context(self) -> int:
+        running = self.running
+        return sum(r.num_computed_tokens for r in running) // len(running) if running else 0
+
+    def schedule(self, *args, **kwargs):
+        gate = self.luce_gate
+        for request in self.running:
+            if request.spec_token_ids and not gate.request_may_draft(request.request_id):
+                request.spec_token_ids = []  # verify nothing for it this step
+        start = time.perf_counter()
+        output = super().schedule(*args, **kwargs)
+        self._luce_scheduled_at[id(output)] = start
+        return output
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        started = self._luce_scheduled_at.pop(id(scheduler_output), None)
+        self._luce_observe(scheduler_output, model_runner_output, started)
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        self._luce_last_update = time.perf_counter()
+        self._luce_release_finished()
+        return result
+
+    def _luce_observe(self, scheduler_output, model_runner_output, started: float | None) -> None:
+        sampled = model_runner_output.sampled_token_ids
+        index = model_runner_output.req_id_to_index
+        scheduled = scheduler_output.num_scheduled_tokens
+        spec = scheduler_output.scheduled_spec_decode_tokens
+        if not scheduled or not sampled or started is None:
+            return
+        batch, context = len(scheduled), self.luce_mean_context()
+        for req_id, drafts in spec.items():
+            i = index.get(req_id)
+            if i is not None and i < len(sampled) and drafts:
+                self.luce_gate.observe_request(req_id, max(0, len(sampled[i]) - 1), batch, context)
+        # A clean sample verifies and drafts in the same mode, with no prompt tokens in the step.
+        verified = bool(spec)
+        drafted = scheduler_output.num_spec_tokens_to_schedule > 0
+        decode_only = all(n == 1 + len(spec.get(r, ())) for r, n in scheduled.items())
+        if verified == drafted and decode_only:
+            now = time.perf_counter()
+            seconds = now - max(started, self._luce_last_update)
+            committed = sum(len(sampled[index[r]]) for r in scheduled if r in index and index[r] < len(sampled))
+            self.luce_gate.observe(speculative=verified, batch_size=batch, context_tokens=context,
+                                   committed_tokens=committed, seconds=seconds)
+        if time.monotonic() - self._luce_last_log >= LOG_EVERY_S:
+            self._luce_last_log = time.monotonic()
+            logger.info("%s: %s", tag(), self.luce_gate.summary())
+
+    def _luce_release_finished(self) -> None:
+        gate = self.luce_gate
+        for req_id in [r for r in gate.requests if r not in self.requests]:
+            gate.forget(req_id)
+
+
+class LuceGatedScheduler(DFlashGateMixin, Scheduler):
+    pass
+
+
+class LuceGatedAsyncScheduler(DFlashGateMixin, AsyncScheduler):
+    pass
+
+
+def scheduler_class_path(async_scheduling: bool) -> str:
+    cls = LuceGatedAsyncScheduler if async_scheduling else LuceGatedScheduler
+    return f"{__name__}.{cls.__name__}"
