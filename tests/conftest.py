@@ -8,7 +8,8 @@ import pytest
 from tests.e2e.server import CPU_ENV
 
 # Set before vLLM is imported anywhere.
-for _name, _value in {**CPU_ENV, "TOKENIZERS_PARALLELISM": "false"}.items():
+# In-process engines (one process, ready in seconds); `vllm serve` tests set their own.
+for _name, _value in {**CPU_ENV, "TOKENIZERS_PARALLELISM": "false", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}.items():
     os.environ.setdefault(_name, _value)
 
 # Families served by Luce executors, and what their tiny fixtures look like to the layer plan.
@@ -33,5 +34,16 @@ def tiny_model(fixtures_root):
 
     def get(family: str) -> Path:
         return build_model(family, fixtures_root / family)
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter(fixtures_root, tiny_model):
+    """A random DFlash drafter in z-lab's layout for a tiny target family."""
+    from tests.fixtures.tiny_models import build_dflash_drafter
+
+    def get(family: str) -> Path:
+        return build_dflash_drafter(tiny_model(family), fixtures_root / f"{family}-dflash")
 
     return get

@@ -99,7 +99,7 @@ def test_default_token_count_is_block_size_minus_one():
     ({"vocab_size": 1024}, "vocab_size: drafter 1024 vs target 4096"),
     ({"hidden_size": 512}, "hidden_size: drafter 512 vs target 256"),
     ({"rope_theta": 1e6}, "rope_theta: drafter 1e+06 vs target 1e+07"),
-    ({"dflash_config": {"target_layer_ids": [1, 4, 7]}}, "[7] outside 0..6"),
+    ({"dflash_config": {"target_layer_ids": [1, 4, 8]}}, "[8] outside 0..7"),
 ])
 def test_mismatched_drafter_names_both_values(change, expected):
     with pytest.raises(R.DrafterMismatch) as err:
@@ -108,12 +108,18 @@ def test_mismatched_drafter_names_both_values(change, expected):
 
 
 def test_layer_id_is_the_output_of_layer_i():
-    """Id L-2 is the last usable one: vLLM captures output of layer i as the input of layer i+1."""
-    ok = {**DRAFTER, "dflash_config": {"target_layer_ids": [0, 6]}}
-    R.check_drafter_matches_target(ok, TARGET_TEXT, "/d", "/t")
+    """Id L-1 (the last layer's output) is usable: vLLM captures output i after layer i runs."""
+    R.check_drafter_matches_target({**DRAFTER, "dflash_config": {"target_layer_ids": [0, 7]}}, TARGET_TEXT, "/d", "/t")
     with pytest.raises(R.DrafterMismatch, match=r"\[-1\] outside"):
         R.check_drafter_matches_target({**DRAFTER, "dflash_config": {"target_layer_ids": [-1]}},
                                        TARGET_TEXT, "/d", "/t")
+
+
+def test_nested_rope_parameters_of_gemma4_are_read():
+    gemma = {**TARGET_TEXT, "rope_parameters": {"full_attention": {"rope_theta": 1e6},
+                                                "sliding_attention": {"rope_theta": 1e4}}}
+    with pytest.raises(R.DrafterMismatch, match="rope_theta: drafter 1e\\+07 vs target 1e\\+06"):
+        R.check_drafter_matches_target(DRAFTER, gemma, "/d", "/t")
 
 
 def engine_args(**kw):

@@ -136,7 +136,10 @@ def default_num_speculative_tokens(drafter_config: dict) -> int:
 
 
 def _rope_theta(config: dict) -> float | None:
+    """RoPE base of the full-attention layers (flat, or nested per layer type as in Gemma 4)."""
     params = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if isinstance(params.get("full_attention"), dict):
+        params = params["full_attention"]
     theta = params.get("rope_theta", config.get("rope_theta"))
     return float(theta) if theta is not None else None
 
@@ -153,11 +156,11 @@ def check_drafter_matches_target(drafter: dict, target: dict, drafter_path: str,
     if ids is None:
         problems.append("dflash_config.target_layer_ids: missing in the drafter config")
     else:
-        # id i means "output of target layer i"; vLLM captures it as the input of layer i + 1,
-        # so the last usable id is num_hidden_layers - 2.
-        bad = [i for i in ids if not isinstance(i, int) or i < 0 or i > layer_count - 2]
+        # id i means "output of target layer i": vLLM captures it after layer i runs (as aux layer
+        # i + 1, the input of the next layer, or after the last one), so ids run 0..L-1.
+        bad = [i for i in ids if not isinstance(i, int) or i < 0 or i > layer_count - 1]
         if bad:
-            problems.append(f"dflash_config.target_layer_ids: drafter {ids} has {bad} outside 0..{layer_count - 2} "
+            problems.append(f"dflash_config.target_layer_ids: drafter {ids} has {bad} outside 0..{layer_count - 1} "
                             f"(target has num_hidden_layers {layer_count}; id i is the output of layer i)")
     if drafter.get("hidden_size") != target.get("hidden_size"):  # it reads the target's embeddings and lm_head
         problems.append(f"hidden_size: drafter {drafter.get('hidden_size')} vs target {target.get('hidden_size')}")

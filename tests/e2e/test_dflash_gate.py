@@ -1,0 +1,79 @@
+"""The DFlash gate through real vLLM (CPU, V1 runner): output is unchanged while it switches
+between speculative and plain steps, on tiny Qwen3.6 (hybrid GDN), Gemma 4 and Laguna targets
+with random drafters, and on the trained Qwen3.6 pair; sampled requests run under it."""
+
+import pytest
+
+from vllm_luce.spec_decode.gate import GateConfig, SpecGate
+
+pytestmark = pytest.mark.e2e
+PROMPTS = ["def fibonacci(n):\n    ", "import json\n\nclass Encoder", "The quick brown fox", "x = [1, 2,"]
+FAMILIES = ["qwen3_6", "gemma4", "laguna"]
+# Switch every few steps: calibration runs of both modes, then an exploration every 3 steps.
+SWITCHING = GateConfig(run_length=2, explore_every=3, min_samples=1, patience=1, retry_after=3)
+
+
+def build(model, drafter=None, max_len=512):
+    from vllm import LLM
+
+    spec = None if drafter is None else {"model": str(drafter)}
+    return LLM(model=str(model), speculative_config=spec, enforce_eager=True, max_model_len=max_len,
+               dtype="bfloat16", seed=0, enable_prefix_caching=False, disable_log_stats=False)
+
+
+def scheduler(llm):
+    return llm.llm_engine.engine_core.engine_core.scheduler
+
+
+def greedy(llm, max_tokens=24):
+    from vllm import SamplingParams
+
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True),
+                        use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_greedy_output_unchanged_while_the_gate_switches(family, tiny_model, tiny_drafter):
+    plain = build(tiny_model(family))
+    expected = greedy(plain)
+    del plain
+    llm = build(tiny_model(family), tiny_drafter(family))
+    sched = scheduler(llm)
+    assert type(sched).__name__ == "LuceGatedScheduler"
+    sched.luce_gate = SpecGate(SWITCHING)
+    assert greedy(llm) == expected
+    decisions = sched.luce_gate.decisions
+    assert decisions["spec"] > 0 and decisions["plain"] > 0, decisions
+    del llm
+
+
+@pytest.fixture(scope="module")
+def trained_pair():
+    from tests.fixtures.trained import trained_model
+
+    return trained_model("qwen36-target"), trained_model("qwen36-dflash")
+
+
+def test_trained_pair_unchanged_with_the_default_gate_and_released_state(trained_pair):
+    target, drafter = trained_pair
+    plain = build(target, max_len=1024)
+    expected = greedy(plain, 64)
+    del plain
+    llm = build(target, drafter, max_len=1024)
+    sched = scheduler(llm)
+    assert greedy(llm, 64) == expected
+    gate = sched.luce_gate
+    assert sum(gate.decisions.values()) > 0 and gate.regimes, gate.summary()
+    assert gate.requests == {}, "finished requests keep gate state"
+    # Sampled requests (temperature 0.8, fixed seeds) under a switching gate: all complete, and the
+    # per-request draft stop engages and releases.
+    from vllm import SamplingParams
+
+    sched.luce_gate = SpecGate(SWITCHING)
+    params = [SamplingParams(max_tokens=32, temperature=0.8, seed=i, ignore_eos=True) for i in range(8)]
+    outs = llm.generate(PROMPTS * 2, params, use_tqdm=False)
+    assert [len(o.outputs[0].token_ids) for o in outs] == [32] * 8
+    assert sched.luce_gate.decisions["spec"] > 0 and sched.luce_gate.decisions["plain"] > 0
+    assert sched.luce_gate.requests == {}
+    del llm
