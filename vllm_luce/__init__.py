@@ -23,7 +23,7 @@ def register() -> None:
     from vllm_luce.compat import check_vllm_version
     from vllm_luce.config import LuceConfig
     from vllm_luce.log import logger, tag
-    from vllm_luce.model_executor.registry import register_executors
+    from vllm_luce.model_executor.registry import register_drafters, register_executors
     from vllm_luce.patches import apply_patches
 
     warning = check_vllm_version(vllm.__version__)
@@ -32,6 +32,7 @@ def register() -> None:
     LuceConfig.from_sources()  # a bad VLLM_LUCE_* variable stops every process, not just one
     global executors_description
     executors_description = register_executors()
+    register_drafters()
     apply_patches()
     _registered = True
     # Visible in the engine core and workers; the API server configures logging only after this

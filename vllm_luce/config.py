@@ -52,6 +52,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
     # `{"dflash": false}` or `{"dflash": {"gate": false}}` turns it off.
     "dflash": {
         "gate": Key(True, bool, "true or false"),
+        "verify_confidence": Key(0.0, (int, float), "a number in [0, 1) (0 verifies every draft)",
+                                 lambda v: 0.0 <= v < 1.0),
+        "min_verify_tokens": Key(1, int, "an integer >= 1", lambda v: v >= 1),
     },
     "kvflash": {
         "pool_tokens": Key("auto", (int, str), "a positive integer or 'auto'", _positive_int_or_auto),

@@ -35,6 +35,20 @@ def executors_mode(environ=None) -> str:
     return mode
 
 
+# Drafter architectures served by vllm-luce's drafter classes whatever VLLM_LUCE_EXECUTORS says:
+# they carry DFlash's non-finite guard and adaptive verify width.
+DRAFTERS: dict[str, str] = {
+    "DFlashDraftModel": "vllm_luce.spec_decode.drafter:LuceDFlashQwen3ForCausalLM",
+}
+
+
+def register_drafters() -> None:
+    from vllm.model_executor.models import ModelRegistry
+
+    for architecture, class_path in DRAFTERS.items():
+        ModelRegistry.register_model(architecture, class_path)
+
+
 def register_executors(environ=None) -> str:
     """Register the executors with vLLM's ModelRegistry; returns a one-line description."""
     if executors_mode(environ) == "off":

@@ -80,6 +80,20 @@ LEDGER: tuple[LedgerEntry, ...] = (
         remove_when="vLLM's CPU GDN spec path supports variable draft counts per request "
                     "(dynamic speculative decoding on hybrid models).",
     ),
+    LedgerEntry(
+        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids",
+        signature="(self) -> vllm.v1.outputs.DraftTokenIds | None",
+        module="vllm_luce.patches.gpu_model_runner",
+        why="DFlash drafts K tokens per request in one forward and V1 hands all K to the scheduler. "
+            "Adaptive verify width (verify only the confident prefix) and the non-finite guard (never "
+            "verify a draft from non-finite logits) must cut those lists, and V1 has no hook between "
+            "the proposer and the scheduler.",
+        how="Wraps take_draft_token_ids (V1 runner, which the CPU runner inherits): cuts each request's "
+            "list to verify_widths() of the confidences recorded by LuceDFlashQwen3ForCausalLM in the "
+            "same step. Lists whose length does not match are left alone.",
+        remove_when="vLLM's V1 proposer API returns per-request draft lengths (as Model Runner V2's "
+                    "adaptive verification does for DSpark).",
+    ),
 )
 
 
@@ -126,8 +140,9 @@ def wrap_function(module, name: str, expected_signature: str,
 
 
 def apply_patches() -> None:
-    from vllm_luce.patches import cpu_gdn_spec, engine_args, vllm_config
+    from vllm_luce.patches import cpu_gdn_spec, engine_args, gpu_model_runner, vllm_config
 
     vllm_config.apply()
     engine_args.apply()
     cpu_gdn_spec.apply()
+    gpu_model_runner.apply()
