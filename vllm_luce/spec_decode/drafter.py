@@ -26,7 +26,10 @@ class LuceDFlashQwen3ForCausalLM(DFlashQwen3ForCausalLM):
         self.luce_confidence: torch.Tensor | None = None
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        logits = super().compute_logits(hidden_states)
+        return self.luce_record(super().compute_logits(hidden_states))
+
+    def luce_record(self, logits: torch.Tensor | None) -> torch.Tensor | None:
+        """Record this step's per-slot confidence (or finiteness) and return safe logits."""
         if logits is None:
             self.luce_confidence = None
             return None
