@@ -11,6 +11,7 @@ import torch
 
 from benchmarks import fidelity as F
 from benchmarks.fixtures import dflash_model as D
+from tests.e2e.dflash_probe import drafts_by_prompt, engine
 from tests.fixtures.trained import trained_model
 
 pytestmark = pytest.mark.e2e
@@ -22,10 +23,6 @@ def spec_llm():
     llm = F.build_llm(1024, drafter=trained_model("qwen36-dflash"), additional_config={"luce": {"dflash": {"gate": False}}})
     yield llm
     del llm
-
-
-def engine(llm):
-    return llm.llm_engine.engine_core.engine_core
 
 
 def drafter_model(llm):
@@ -99,31 +96,9 @@ def test_drafter_logits_match_a_pytorch_reference(spec_llm):
     assert worst < 0.1 and agree / slots > 0.95, (worst, agree, slots)
 
 
-def drafts_by_prompt(llm, prompts):
-    """{prompt index: {request length: drafts}} from what the scheduler receives."""
-    sched, seen = engine(llm).scheduler, {}
-    update = sched.update_draft_token_ids
-    index = {tuple(p[:16]): i for i, p in enumerate(prompts)}
-
-    def record(draft_token_ids):
-        for req_id, drafts in zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids):
-            request = sched.requests.get(req_id)
-            if request is not None and drafts:
-                key = index[tuple(request.prompt_token_ids[:16])]
-                seen.setdefault(key, {})[request.num_tokens] = list(drafts)
-        return update(draft_token_ids)
-
-    sched.update_draft_token_ids = record
-    try:
-        outs = F.greedy(llm, prompts, GEN)
-    finally:
-        del sched.update_draft_token_ids
-    return seen, outs
-
-
 def test_drafts_are_the_same_alone_and_in_a_batch_of_8(spec_llm):
     prompts = F.code_prompts(spec_llm.get_tokenizer(), 8)
-    alone, out_alone = drafts_by_prompt(spec_llm, prompts[:1])
-    batch, out_batch = drafts_by_prompt(spec_llm, prompts)
+    alone, out_alone = drafts_by_prompt(spec_llm, prompts[:1], GEN)
+    batch, out_batch = drafts_by_prompt(spec_llm, prompts, GEN)
     assert out_alone[0] == out_batch[0]
     assert len(alone[0]) >= 3 and alone[0] == batch[0], (alone[0], batch[0])

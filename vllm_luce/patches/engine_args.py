@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 from vllm_luce.log import logger, tag
 from vllm_luce.patches import ledger_signature, wrap_method
@@ -39,6 +40,12 @@ def apply_dflash_defaults(engine_args, target: str, target_text_config: dict) ->
                                     f"speculative method is {method!r}; leave it unset or use 'dflash'")
         return None
     resolved = R.resolve_drafter(model, target)
+    if resolved.path.endswith(".gguf"):
+        if not Path(resolved.path).is_file():
+            raise R.DrafterNotFound(f"--speculative-model {resolved.path}: no such GGUF file")
+        from vllm_luce.spec_decode.gguf_drafter import materialize
+
+        resolved = R.ResolvedDrafter(str(materialize(resolved.path)), f"{resolved.source}, GGUF {resolved.path}")
     drafter_config = R.load_drafter_config(resolved.path)
     is_dflash = method == "dflash" or (drafter_config is not None and R.DFLASH_ARCHITECTURE in
                                        (drafter_config.get("architectures") or []))

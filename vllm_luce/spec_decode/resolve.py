@@ -1,14 +1,17 @@
 """Resolve `--speculative-model dflash` to a drafter directory (pure: no vLLM import).
 
 Search order for the word ``dflash`` (the first hit wins):
-  1. next to the target: ``TARGET/dflash/``;
-  2. a sibling of the target directory named ``<target-name>-DFlash*`` (sorted, first);
+  1. next to the target: ``TARGET/dflash/``, then ``TARGET/dflash.gguf``;
+  2. a sibling of the target directory named ``<target-name>-DFlash*`` (a directory or a
+     ``.gguf`` file; sorted, first);
   3. the ``VLLM_LUCE_DRAFTER`` environment variable (a drafter directory);
   4. the z-lab naming convention in the local Hugging Face cache:
      ``models--z-lab--<target-name>-DFlash*`` (the snapshot ``refs/main`` names, else the newest).
 Anything other than ``dflash`` is a path or repository id and is returned as given.
 
-A drafter directory holds a ``config.json`` whose ``architectures`` name ``DFlashDraftModel``.
+A drafter is a directory whose ``config.json`` names ``DFlashDraftModel`` (z-lab's layout) or a
+``.gguf`` file in Lucebox's layout (``gguf_drafter.py``), converted once into a cached z-lab
+directory for vLLM.
 When nothing is found, ``DrafterNotFound`` lists every place tried, in order.
 """
 
@@ -50,6 +53,9 @@ def target_name(target: str) -> str:
 
 
 def is_dflash_drafter(path: Path) -> bool:
+    """A z-lab directory (config.json naming DFlashDraftModel) or a GGUF file (Lucebox layout)."""
+    if path.suffix == ".gguf":
+        return path.is_file()
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
@@ -85,10 +91,10 @@ def resolve_drafter(spec: str, target: str, env: Mapping[str, str] | None = None
     target_dir = Path(target).expanduser()
 
     if target_dir.is_dir():
-        beside = target_dir / "dflash"
-        tried.append(f"{beside}/ (next to the target)")
-        if is_dflash_drafter(beside):
-            return ResolvedDrafter(str(beside), "next to the target")
+        for beside in (target_dir / "dflash", target_dir / "dflash.gguf"):
+            tried.append(f"{beside}{'/' if beside.suffix != '.gguf' else ''} (next to the target)")
+            if is_dflash_drafter(beside):
+                return ResolvedDrafter(str(beside), "next to the target")
         pattern = f"{target_dir.name}-DFlash*"
         tried.append(f"{target_dir.parent}/{pattern} (sibling of the target)")
         for sibling in sorted(target_dir.parent.glob(pattern)):
@@ -121,6 +127,8 @@ def resolve_drafter(spec: str, target: str, env: Mapping[str, str] | None = None
 
 def load_drafter_config(path: str) -> dict | None:
     """The drafter's config.json, or None for a repository id not on disk (vLLM downloads it)."""
+    if path.endswith(".gguf"):
+        raise ValueError(f"{path}: materialize a GGUF drafter before reading its config")
     try:
         return json.loads((Path(path) / "config.json").read_text())
     except OSError:
