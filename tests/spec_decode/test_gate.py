@@ -107,3 +107,10 @@ def test_config_is_validated():
         GateConfig(run_length=1)
     with pytest.raises(ValueError, match="smoothing"):
         GateConfig(smoothing=0.0)
+
+
+def test_calibration_alternates_even_when_steps_give_no_clean_sample():
+    """Steps with prompt tokens are not measured; the gate must still try plain decoding."""
+    gate = SpecGate(GateConfig(run_length=2))
+    modes = [gate.decide(8, 1000) for _ in range(8)]
+    assert modes == [True, True, False, False, True, True, False, False]

@@ -65,6 +65,7 @@ class Regime:
     plain_step_s: Average = field(default_factory=Average)
     steps: int = 0
     last_explore: int = 0
+    runs: dict = field(default_factory=lambda: {True: 0, False: 0})  # runs started, by mode
 
     def winner(self) -> bool | None:
         """True if speculation is faster, False if plain is, None before both are measured."""
@@ -117,13 +118,15 @@ class SpecGate:
             return self._mode
         spec_n, plain_n = r.spec_rate.samples, r.plain_rate.samples
         if min(spec_n, plain_n) < self.config.min_samples:
-            choice = spec_n <= plain_n  # calibrating: measure the mode with fewer samples
+            # Calibrating: alternate runs (even if a run yielded no clean sample), spec first.
+            choice = r.runs[True] <= r.runs[False]
         else:
             choice = bool(r.winner())
             if r.steps - r.last_explore >= self.config.explore_every:
                 r.last_explore = r.steps
                 choice = not choice
                 self.explorations += 1
+        r.runs[choice] += 1
         self._mode, self._hold = choice, self.config.run_length - 1
         self.decisions["spec" if choice else "plain"] += 1
         return choice
