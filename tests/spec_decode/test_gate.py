@@ -32,8 +32,10 @@ def test_runs_the_faster_mode_after_calibrating(spec_rate, plain_rate, expect_sp
     modes = simulate(gate, 640, spec_rate, plain_rate)
     calibrated = modes[4 * config.run_length:]
     share = sum(m == expect_spec for m in calibrated) / len(calibrated)
-    # Only exploration runs (run_length of every explore_every steps) go the other way.
-    assert share >= 1 - config.run_length / config.explore_every - 0.01, share
+    # Only exploration runs go the other way: run_length steps per explore_every x (speed ratio).
+    ratio = max(spec_rate, plain_rate) / min(spec_rate, plain_rate)
+    interval = config.explore_every * min(config.max_explore_scale, ratio)
+    assert share >= 1 - config.run_length / interval - 0.02, share
     assert gate.regimes[SpecGate.regime_key(4, 2048)].winner() is expect_spec
 
 
@@ -114,3 +116,10 @@ def test_calibration_alternates_even_when_steps_give_no_clean_sample():
     gate = SpecGate(GateConfig(run_length=2))
     modes = [gate.decide(8, 1000) for _ in range(8)]
     assert modes == [True, True, False, False, True, True, False, False]
+
+
+def test_decisive_gaps_are_explored_less_often():
+    close, decisive = SpecGate(), SpecGate()
+    simulate(close, 2000, 110.0, 100.0)
+    simulate(decisive, 2000, 800.0, 100.0)
+    assert decisive.explorations < close.explorations / 4, (decisive.explorations, close.explorations)

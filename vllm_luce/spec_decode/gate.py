@@ -5,7 +5,10 @@ depends on batch size, context length, the drafter, the text and the hardware, s
 not guess: it measures both. Per regime (batch size and context length bucketed to powers of
 two) it keeps a smoothed rate of committed tokens per second for speculative steps and for
 plain steps, runs whichever is faster, and still runs the other one every ``explore_every``
-steps so a stale estimate cannot lock a regime into the wrong mode. A regime without samples
+steps so a stale estimate cannot lock a regime into the wrong mode. The more decisive the
+measured gap, the rarer the exploration: the interval is ``explore_every`` times the winner's
+speed ratio (capped at ``max_explore_scale``), so a mode that wins by 4x is re-checked every
+4 x 64 steps, and two close modes are compared often. A regime without samples
 of both modes alternates until it has ``min_samples`` of each. A decision holds for
 ``run_length`` steps: drafts made in one step are verified in the next, so the first step of a
 run is a transition (the binding reports it as neither mode) and the rest are clean samples.
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True)
 class GateConfig:
     explore_every: int = 64  # steps between runs of the mode currently losing, per regime
+    max_explore_scale: float = 8.0  # cap on how far a decisive gap stretches the interval
     run_length: int = 3  # steps a decision holds (the first is a transition)
     min_samples: int = 2  # measured steps of each mode before a regime decides
     smoothing: float = 0.25  # weight of a new sample in the moving averages
@@ -72,6 +76,10 @@ class Regime:
         if not (self.spec_rate.samples and self.plain_rate.samples):
             return None
         return self.spec_rate.value >= self.plain_rate.value
+
+    def explore_interval(self, base: int, cap: float) -> int:
+        hi, lo = sorted((self.spec_rate.value, self.plain_rate.value), reverse=True)
+        return int(base * min(cap, max(1.0, hi / lo if lo > 0 else cap)))
 
     def break_even(self) -> float | None:
         """Accepted tokens per verify step at which a request's drafts pay for their verification."""
@@ -122,7 +130,8 @@ class SpecGate:
             choice = r.runs[True] <= r.runs[False]
         else:
             choice = bool(r.winner())
-            if r.steps - r.last_explore >= self.config.explore_every:
+            if r.steps - r.last_explore >= r.explore_interval(self.config.explore_every,
+                                                              self.config.max_explore_scale):
                 r.last_explore = r.steps
                 choice = not choice
                 self.explorations += 1

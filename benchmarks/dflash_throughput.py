@@ -1,0 +1,126 @@
+"""CPU, through real vLLM: decode throughput with no speculation, fixed DFlash and gated DFlash.
+
+    python -m benchmarks.dflash_throughput --json dflash_throughput.json
+
+Pairs:
+* ``right`` / ``wrong``: the predictable target (next token = token + 1) with a drafter that
+  is always right or always wrong (``tests/fixtures/predictable.py``);
+* ``trained``: the trained Qwen3.6-architecture pair (``tests/assets/trained``) on held-out code.
+
+For each pair and concurrency (requests submitted together), three engines in one run: no
+speculation, DFlash with every draft verified (``fixed``: the gate off), and DFlash under
+vllm-luce's gate (``gated``). Each measured pass follows a warm-up pass at the same concurrency
+(the gate calibrates there). Throughput is generated tokens / wall seconds of the measured pass.
+Goals (issue 4): gated >= 0.95x none everywhere; gated >= 0.9x fixed where fixed beats none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+for _k, _v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_HOST_IP": "127.0.0.1",
+               "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+    os.environ.setdefault(_k, _v)
+
+MODES = ("none", "fixed", "gated")
+
+
+def pairs(root: Path) -> dict:
+    from tests.fixtures import predictable as P
+    from tests.fixtures.trained import trained_model
+
+    P.register_predictable_drafter()
+    target = P.build_target(root / "predictable-target")
+    return {
+        "right": (target, P.build_drafter(target, root / "predictable-right", offset=0), "dflash"),
+        "wrong": (target, P.build_drafter(target, root / "predictable-wrong", offset=P.WRONG_OFFSET), "dflash"),
+        "trained": (trained_model("qwen36-target"), trained_model("qwen36-dflash"), None),
+    }
+
+
+def prompts_for(pair: str, llm, n: int) -> list[dict]:
+    if pair == "trained":
+        from benchmarks import fidelity as F
+
+        base = F.code_prompts(llm.get_tokenizer(), 16)
+        return [{"prompt_token_ids": base[i % len(base)][: 64 + i % 7]} for i in range(n)]
+    return [{"prompt_token_ids": [(100 + 37 * i + j) % 1000 for j in range(16)]} for i in range(n)]
+
+
+def build(target, drafter, method, mode: str, max_seqs: int):
+    from vllm import LLM
+
+    spec = None
+    if mode != "none":
+        spec = {"model": str(drafter), **({"method": method} if method else {})}
+    return LLM(model=str(target), speculative_config=spec, enforce_eager=True, max_model_len=1024, dtype="bfloat16",
+               seed=0, enable_prefix_caching=False, max_num_seqs=max_seqs, disable_log_stats=False,
+               additional_config={"luce": {"dflash": {"gate": mode == "gated"}}})
+
+
+def run_pass(llm, prompts, tokens: int) -> tuple[float, int]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True)
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=False)
+    wall = time.perf_counter() - t0
+    return wall, sum(len(o.outputs[0].token_ids) for o in outs)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    ap.add_argument("--pairs", nargs="+", default=["right", "wrong", "trained"])
+    ap.add_argument("--tokens", type=int, default=96, help="generated tokens per request (measured pass)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    root = Path(os.environ.get("LUCE_TEST_FIXTURES") or tempfile.mkdtemp(prefix="luce-bench-"))
+    available = pairs(root)
+    results = []
+    for pair in args.pairs:
+        target, drafter, method = available[pair]
+        for mode in MODES:
+            llm = build(target, drafter, method, mode, max(args.concurrency))
+            for c in args.concurrency:
+                prompts = prompts_for(pair, llm, c)
+                run_pass(llm, prompts, args.tokens // 2)  # warm-up (and gate calibration)
+                wall, generated = run_pass(llm, prompts, args.tokens)
+                row = {"pair": pair, "mode": mode, "concurrency": c, "tokens": generated, "wall_s": round(wall, 3),
+                       "tok_per_s": round(generated / wall, 1)}
+                sched = llm.llm_engine.engine_core.engine_core.scheduler
+                if hasattr(sched, "luce_gate"):
+                    row["gate"] = dict(sched.luce_gate.decisions)
+                results.append(row)
+                print(json.dumps(row), flush=True)
+            del llm
+            gc.collect()
+    table = summarize(results)
+    print(table)
+    if args.json:
+        args.json.write_text(json.dumps({"rows": results, "table": table}, indent=1) + "\n")
+    return 0
+
+
+def summarize(rows: list[dict]) -> str:
+    by = {(r["pair"], r["mode"], r["concurrency"]): r["tok_per_s"] for r in rows}
+    lines = ["| pair | concurrency | none tok/s | fixed tok/s | gated tok/s | fixed/none | gated/none | gated/fixed | goals |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for pair, _, c in sorted({(r["pair"], "", r["concurrency"]) for r in rows}, key=lambda k: (k[0], k[2])):
+        none, fixed, gated = (by.get((pair, m, c)) for m in MODES)
+        if None in (none, fixed, gated):
+            continue
+        ok = gated >= 0.95 * none and (fixed <= none or gated >= 0.9 * fixed)
+        lines.append(f"| {pair} | {c} | {none} | {fixed} | {gated} | {fixed / none:.2f} | {gated / none:.2f} | "
+                     f"{gated / fixed:.2f} | {'met' if ok else 'MISSED'} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
