@@ -38,7 +38,8 @@ def test_every_ledger_target_exists_in_the_installed_vllm():
         module = importlib.import_module(module_name)
         if "." in qualname:
             owner_name, attr = qualname.rsplit(".", 1)
-            found = getattr(module, owner_name).__dict__[attr]
+            owner = getattr(module, owner_name)
+            found = owner.__dict__[attr] if attr in owner.__dict__ else getattr(owner, attr)  # may be inherited
         else:  # a module-level function
             found = getattr(module, qualname)
         found = getattr(found, "__func__", found)  # a staticmethod

@@ -94,6 +94,24 @@ LEDGER: tuple[LedgerEntry, ...] = (
         remove_when="vLLM's V1 proposer API returns per-request draft lengths (as Model Runner V2's "
                     "adaptive verification does for DSpark).",
     ),
+    LedgerEntry(
+        target="vllm.v1.spec_decode.dflash:DFlashProposer.propose",
+        signature="(self, num_speculative_tokens, target_token_ids: torch.Tensor, target_positions: torch.Tensor, "
+                  "target_hidden_states: torch.Tensor, next_token_ids: torch.Tensor, token_indices_to_sample: "
+                  "torch.Tensor | None, common_attn_metadata: vllm.v1.attention.backend.CommonAttentionMetadata, "
+                  "sampling_metadata: vllm.v1.sample.metadata.SamplingMetadata, mm_embed_inputs: "
+                  "tuple[list[torch.Tensor], torch.Tensor] | None = None, num_rejected_tokens_gpu: "
+                  "torch.Tensor | None = None, slot_mappings: dict[str, torch.Tensor] | "
+                  "list[dict[str, torch.Tensor]] | None = None) -> torch.Tensor",
+        module="vllm_luce.patches.dflash_proposer",
+        why="On a plain step (the gate's K = 0) vLLM's V1 DFlash proposer still runs the drafter's full "
+            "forward on the bonus token. Plain steps must cost what no speculation costs, yet the "
+            "drafter's KV must stay complete for when speculation resumes.",
+        how="Wraps propose (inherited from SpecDecodeBaseProposer, set on DFlashProposer only): with K = 0 it "
+            "runs only the context pass (fc, hidden_norm, per-layer K/V of the newly committed tokens into "
+            "the drafter's cache) and returns no drafts; otherwise vLLM's own propose runs.",
+        remove_when="vLLM's DFlash proposer skips its query forward when no tokens are drafted.",
+    ),
 )
 
 
@@ -103,16 +121,17 @@ def ledger_signature(target: str) -> str:
 
 
 def wrap_method(owner: type, name: str, expected_signature: str,
-                make_wrapper: Callable[[Callable], Callable]) -> bool:
-    """Replace `owner.name` by `make_wrapper(original)`; False if already done. Checks the signature."""
-    original = owner.__dict__.get(name)
+                make_wrapper: Callable[[Callable], Callable], inherited: bool = False) -> bool:
+    """Replace `owner.name` by `make_wrapper(original)`; False if already done. Checks the signature.
+    ``inherited``: the method may come from a base class; the wrapper is set on ``owner`` only."""
+    original = getattr(owner, name, None) if inherited else owner.__dict__.get(name)
     static = isinstance(original, staticmethod)
     if static:
         original = original.__func__
     if original is None:
         raise PatchTargetChanged(f"{owner.__module__}.{owner.__qualname__}.{name} no longer exists; "
                                  "this vLLM is not supported by vllm-luce")
-    if getattr(original, "__luce_patched__", False):
+    if getattr(original, "__luce_patched__", False) and (not inherited or name in owner.__dict__):
         return False
     actual = str(inspect.signature(original))
     if actual != expected_signature:
@@ -140,9 +159,10 @@ def wrap_function(module, name: str, expected_signature: str,
 
 
 def apply_patches() -> None:
-    from vllm_luce.patches import cpu_gdn_spec, engine_args, gpu_model_runner, vllm_config
+    from vllm_luce.patches import cpu_gdn_spec, dflash_proposer, engine_args, gpu_model_runner, vllm_config
 
     vllm_config.apply()
     engine_args.apply()
     cpu_gdn_spec.apply()
     gpu_model_runner.apply()
+    dflash_proposer.apply()
