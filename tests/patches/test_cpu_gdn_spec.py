@@ -5,7 +5,7 @@ output must equal a plain causal convolution over the accepted stream plus the s
 
 import torch
 
-from vllm_luce.patches.cpu_gdn_spec import roll_conv_and_convolve
+from vllm_luce.patches.cpu_gdn_spec import _per_request, roll_conv_and_convolve
 
 
 def reference(stream: list[torch.Tensor], new: torch.Tensor, weight, bias) -> torch.Tensor:
@@ -48,3 +48,20 @@ def test_requests_are_independent_and_empty_ones_untouched():
     stream2 = list(before[2, :, :3].unbind(-1))
     y = torch.nn.functional.conv1d(torch.stack(stream2 + list(x[:3]), -1)[None], weight[:, None], groups=dim)[0]
     torch.testing.assert_close(out[:3], y.transpose(0, 1))
+
+
+def test_uniform_batch_matches_the_per_request_roll():
+    """Plain steps (q = 1 for every request) take the batched path; it must equal the loop."""
+    g = torch.Generator().manual_seed(2)
+    dim, width, state_len, n = 6, 4, 9, 5
+    weight, bias = torch.randn(dim, width, generator=g), torch.randn(dim, generator=g)
+    base = torch.randn(8, dim, state_len, generator=g)
+    slots, accepted = torch.tensor([3, 0, 6, 1, 7]), torch.tensor([1, 4, 2, 7, 1])
+    for q in (1, 3):
+        x = torch.randn(n * q, dim, generator=g)
+        starts, lengths = torch.arange(n) * q, torch.full((n,), q)
+        batched, looped = base.clone(), base.clone()
+        out_b = roll_conv_and_convolve(batched, slots, accepted, starts, lengths, x, weight, bias, silu=True)
+        out_l = _per_request(looped, slots, accepted, starts, lengths, x, weight, bias, silu=True)
+        torch.testing.assert_close(out_b, out_l)
+        torch.testing.assert_close(batched, looped)

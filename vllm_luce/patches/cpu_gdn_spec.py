@@ -25,6 +25,12 @@ def roll_conv_and_convolve(buffers: torch.Tensor, slots: torch.Tensor, accepted:
     """Causal depthwise conv of each request's new inputs over its history, rolling the history.
 
     buffers [slots, dim, state_len]; x [tokens, dim]; weight [dim, width]. Returns [tokens, dim]."""
+    if len(lengths) and bool((lengths == lengths[0]).all()) and int(lengths[0]) > 0:
+        return _uniform(buffers, slots, accepted, x, weight, bias, silu, int(lengths[0]))
+    return _per_request(buffers, slots, accepted, starts, lengths, x, weight, bias, silu)
+
+
+def _per_request(buffers, slots, accepted, starts, lengths, x, weight, bias, silu: bool) -> torch.Tensor:
     width = weight.shape[-1]
     out = torch.empty_like(x)
     for i in range(len(lengths)):
@@ -39,6 +45,25 @@ def roll_conv_and_convolve(buffers: torch.Tensor, slots: torch.Tensor, accepted:
                      None if bias is None else bias.to(buf.dtype), groups=weight.shape[0])[0]
         out[start : start + q] = (F.silu(y) if silu else y).transpose(0, 1).to(out.dtype)
         buf[:, : width - 2 + q] = torch.cat([prior[:, 1:], new], dim=-1)
+    return out
+
+
+def _uniform(buffers, slots, accepted, x, weight, bias, silu: bool, q: int) -> torch.Tensor:
+    """The same roll for n requests of q inputs each (every plain step: q = 1), in batched ops."""
+    n, width = len(slots), weight.shape[-1]
+    slots = slots.long()
+    bufs = buffers[slots]  # [n, dim, state_len] (a copy)
+    cols = (accepted.long() - 1)[:, None] + torch.arange(width - 1, device=bufs.device)  # [n, width - 1]
+    prior = bufs.gather(2, cols[:, None, :].expand(n, bufs.shape[1], width - 1))
+    new = x.view(n, q, -1).transpose(1, 2).to(bufs.dtype)  # [n, dim, q]
+    seq = torch.cat([prior, new], dim=-1)
+    w = weight.to(bufs.dtype)
+    y = sum(w[None, :, j, None] * seq[:, :, j : j + q] for j in range(width))
+    if bias is not None:
+        y = y + bias.to(bufs.dtype)[None, :, None]
+    out = (F.silu(y) if silu else y).transpose(1, 2).reshape(n * q, -1).to(x.dtype)
+    bufs[:, :, : width - 2 + q] = torch.cat([prior[:, :, 1:], new], dim=-1)
+    buffers[slots] = bufs
     return out
 
 
