@@ -4,6 +4,7 @@ with random drafters, and on the trained Qwen3.6 pair; sampled requests run unde
 
 import pytest
 
+from tests.e2e.dflash_probe import assert_same_until_near_tie, greedy_with_margins
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate
 
 pytestmark = pytest.mark.e2e
@@ -36,16 +37,18 @@ def greedy(llm, max_tokens=24):
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_output_unchanged_while_the_gate_switches(family, tiny_model, tiny_drafter):
     plain = build(tiny_model(family))
-    expected = greedy(plain)
+    expected, margins = greedy_with_margins(plain, PROMPTS, 24)
     del plain
     llm = build(tiny_model(family), tiny_drafter(family))
-    sched = scheduler(llm)
-    assert type(sched).__name__ == "LuceGatedScheduler"
-    sched.luce_gate = SpecGate(SWITCHING)
-    assert greedy(llm) == expected
-    decisions = sched.luce_gate.decisions
-    assert decisions["spec"] > 0 and decisions["plain"] > 0, decisions
-    del llm
+    try:
+        sched = scheduler(llm)
+        assert type(sched).__name__ == "LuceGatedScheduler"
+        sched.luce_gate = SpecGate(SWITCHING)
+        assert_same_until_near_tie(expected, margins, greedy(llm))
+        decisions = sched.luce_gate.decisions
+        assert decisions["spec"] > 0 and decisions["plain"] > 0, decisions
+    finally:
+        del llm
 
 
 @pytest.fixture(scope="module")
@@ -58,22 +61,25 @@ def trained_pair():
 def test_trained_pair_unchanged_with_the_default_gate_and_released_state(trained_pair):
     target, drafter = trained_pair
     plain = build(target, max_len=1024)
-    expected = greedy(plain, 64)
+    expected, margins = greedy_with_margins(plain, PROMPTS, 64)
     del plain
     llm = build(target, drafter, max_len=1024)
-    sched = scheduler(llm)
-    assert greedy(llm, 64) == expected
-    gate = sched.luce_gate
-    assert sum(gate.decisions.values()) > 0 and gate.regimes, gate.summary()
-    assert gate.requests == {}, "finished requests keep gate state"
-    # Sampled requests (temperature 0.8, fixed seeds) under a switching gate: all complete, and the
-    # per-request draft stop engages and releases.
-    from vllm import SamplingParams
+    try:
+        sched = scheduler(llm)
+        # A trained model has few near-ties: most sequences must match in full.
+        assert assert_same_until_near_tie(expected, margins, greedy(llm, 64)) >= len(PROMPTS) - 1
+        gate = sched.luce_gate
+        assert sum(gate.decisions.values()) > 0 and gate.regimes, gate.summary()
+        assert gate.requests == {}, "finished requests keep gate state"
+        # Sampled requests (temperature 0.8, fixed seeds) under a switching gate: all complete, and the
+        # per-request draft stop engages and releases.
+        from vllm import SamplingParams
 
-    sched.luce_gate = SpecGate(SWITCHING)
-    params = [SamplingParams(max_tokens=32, temperature=0.8, seed=i, ignore_eos=True) for i in range(8)]
-    outs = llm.generate(PROMPTS * 2, params, use_tqdm=False)
-    assert [len(o.outputs[0].token_ids) for o in outs] == [32] * 8
-    assert sched.luce_gate.decisions["spec"] > 0 and sched.luce_gate.decisions["plain"] > 0
-    assert sched.luce_gate.requests == {}
-    del llm
+        sched.luce_gate = SpecGate(SWITCHING)
+        params = [SamplingParams(max_tokens=32, temperature=0.8, seed=i, ignore_eos=True) for i in range(8)]
+        outs = llm.generate(PROMPTS * 2, params, use_tqdm=False)
+        assert [len(o.outputs[0].token_ids) for o in outs] == [32] * 8
+        assert sched.luce_gate.decisions["spec"] > 0 and sched.luce_gate.decisions["plain"] > 0
+        assert sched.luce_gate.requests == {}
+    finally:
+        del llm

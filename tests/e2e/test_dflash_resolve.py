@@ -9,6 +9,7 @@ import subprocess
 import pytest
 
 from benchmarks import fidelity as F
+from tests.e2e.dflash_probe import assert_same_until_near_tie, greedy_with_margins
 from tests.e2e.server import SERVE_ENV, Server, vllm_command
 from tests.fixtures.trained import trained_model
 
@@ -24,31 +25,27 @@ def models_dir(tmp_path_factory):
     return root
 
 
-def greedy_texts(llm, max_tokens=40):
-    from vllm import SamplingParams
-
-    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=max_tokens, temperature=0.0), use_tqdm=False)
-    return [o.outputs[0].text for o in outs]
-
-
 @pytest.fixture(scope="module")
-def plain_texts():
+def plain_run():
     llm = F.build_llm(1024)
-    texts = greedy_texts(llm)
+    run = greedy_with_margins(llm, PROMPTS, 40)
     del llm
-    return texts
+    return run
 
 
-def test_dflash_word_resolves_the_sibling_and_output_is_unchanged(models_dir, plain_texts):
+def test_dflash_word_resolves_the_sibling_and_output_is_unchanged(models_dir, plain_run):
     from vllm import LLM
 
     llm = LLM(model=str(models_dir / "target"), speculative_config={"model": "dflash"}, dtype="bfloat16",
               enforce_eager=True, max_model_len=1024, enable_prefix_caching=False, seed=0)
-    spec = llm.llm_engine.vllm_config.speculative_config
-    assert (spec.method, spec.num_speculative_tokens) == ("dflash", 15)  # block size 16 - 1
-    assert spec.model == str(models_dir / "target-DFlash-b16")
-    assert greedy_texts(llm) == plain_texts
-    del llm
+    try:
+        spec = llm.llm_engine.vllm_config.speculative_config
+        assert (spec.method, spec.num_speculative_tokens) == ("dflash", 15)  # block size 16 - 1
+        assert spec.model == str(models_dir / "target-DFlash-b16")
+        tokens, margins = plain_run
+        assert_same_until_near_tie(tokens, margins, greedy_with_margins(llm, PROMPTS, 40)[0])
+    finally:
+        del llm  # a failed assertion must not keep this engine alive into the next test
 
 
 def test_mismatched_drafter_stops_startup_naming_both_values(tiny_model):
@@ -61,14 +58,16 @@ def test_mismatched_drafter_stops_startup_naming_both_values(tiny_model):
             enforce_eager=True, max_model_len=256, enable_prefix_caching=False)
 
 
-def test_vllm_serve_speculative_model_dflash(models_dir, plain_texts, tmp_path):
+def test_vllm_serve_speculative_model_dflash(models_dir, plain_run, tmp_path):
     from openai import OpenAI
 
+    tokens, margins = plain_run
     with Server(models_dir / "target", tmp_path / "serve.log", "--speculative-model", "dflash",
                 "--no-enable-prefix-caching", "--dtype", "bfloat16") as server:
         client = OpenAI(base_url=server.base_url, api_key="unused")
-        reply = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=40, temperature=0)
-        assert reply.choices[0].text == plain_texts[0]
+        reply = client.completions.create(model="tiny", prompt=PROMPTS[0], max_tokens=40, temperature=0,
+                                          extra_body={"return_token_ids": True, "ignore_eos": True})
+        assert_same_until_near_tie(tokens[:1], margins[:1], [list(reply.choices[0].token_ids)])
         log = server.log_text()
     assert f"DFlash drafter {models_dir / 'target-DFlash-b16'} (sibling of the target)" in log, log[-3000:]
 
