@@ -108,8 +108,3 @@ class LuceGatedScheduler(DFlashGateMixin, Scheduler):
 
 class LuceGatedAsyncScheduler(DFlashGateMixin, AsyncScheduler):
     pass
-
-
-def scheduler_class_path(async_scheduling: bool) -> str:
-    cls = LuceGatedAsyncScheduler if async_scheduling else LuceGatedScheduler
-    return f"{__name__}.{cls.__name__}"
