@@ -58,3 +58,23 @@ def test_wrap_keeps_a_staticmethod_static():
     assert wrap_method(Owner, "build", "(x)", lambda original: lambda x: original(x) + 1) is True
     assert isinstance(Owner.__dict__["build"], staticmethod)
     assert Owner.build(3) == 7 and Owner().build(3) == 7
+
+
+def test_when_imported_runs_after_the_module_executes(tmp_path, monkeypatch):
+    import sys
+
+    from vllm_luce.patches import when_imported
+
+    pkg = tmp_path / "luce_probe_pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "target.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    when_imported("luce_probe_pkg.target", lambda: seen.append(sys.modules["luce_probe_pkg.target"].VALUE))
+    assert seen == []  # not imported yet: nothing ran, nothing was imported
+    from luce_probe_pkg import target  # noqa: F401
+
+    assert seen == [1]
+    when_imported("luce_probe_pkg.target", lambda: seen.append("again"))  # already loaded: runs now
+    assert seen == [1, "again"]

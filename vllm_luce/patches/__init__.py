@@ -9,6 +9,7 @@ and has an entry below saying why it exists, how it works and when it can be rem
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -158,11 +159,54 @@ def wrap_function(module, name: str, expected_signature: str,
     return done
 
 
+class _AfterImport:
+    """A meta-path finder that runs callbacks right after a module's own code has executed."""
+
+    def __init__(self):
+        self.pending: dict[str, list[Callable[[], object]]] = {}
+
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.pending:
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)  # find the real spec without recursing into this finder
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            sys.meta_path.insert(0, self)
+        if spec is None or spec.loader is None:
+            return spec
+        callbacks, exec_module = self.pending.pop(name), spec.loader.exec_module
+
+        def exec_then_patch(module):
+            exec_module(module)
+            for callback in callbacks:
+                callback()
+
+        spec.loader.exec_module = exec_then_patch
+        return spec
+
+
+_after_import = _AfterImport()
+
+
+def when_imported(module_name: str, callback: Callable[[], object]) -> None:
+    """Run ``callback`` now if ``module_name`` is loaded, else right after it is first imported.
+    Worker-side patches use it, so processes that never load the model runner (the API server)
+    never import it."""
+    if module_name in sys.modules:
+        callback()
+        return
+    _after_import.pending.setdefault(module_name, []).append(callback)
+    if _after_import not in sys.meta_path:
+        sys.meta_path.insert(0, _after_import)
+
+
 def apply_patches() -> None:
     from vllm_luce.patches import cpu_gdn_spec, dflash_proposer, engine_args, gpu_model_runner, vllm_config
 
     vllm_config.apply()
     engine_args.apply()
-    cpu_gdn_spec.apply()
-    gpu_model_runner.apply()
-    dflash_proposer.apply()
+    for module in (cpu_gdn_spec, gpu_model_runner, dflash_proposer):
+        when_imported(module.TARGET.split(":")[0], module.apply)
