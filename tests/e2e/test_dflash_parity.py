@@ -2,7 +2,8 @@
 
 * golden parity: vLLM's drafter logits for a block equal a plain PyTorch reference of z-lab's
   drafter (``benchmarks/fixtures/dflash_model.py``) fed the same target features, within bf16
-  tolerance. They do not on the CPU backend: an open finding, kept as a strict xfail;
+  tolerance. This test found vLLM's CPU rms_norm ignoring grouped weights
+  (``vllm_luce/patches/cpu_rms_norm.py``);
 * batch parity: a request's drafts are the same alone and in a batch of 8.
 """
 
@@ -41,10 +42,6 @@ def reference_drafter():
     return ref, cfg
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "open finding: on the CPU backend vLLM's drafter differs from the reference by up to 1.3 nats "
-    "at slot 1 (argmax agreement 47-100% per block) with identical weights and features; a bf16 "
-    "reference stays within 0.01 nats of the fp32 one (docs/fidelity.md). strict: a fix makes this fail."))
 def test_drafter_logits_match_a_pytorch_reference(spec_llm):
     """First drafting step after prefill (a fresh context: the module, not the context bookkeeping):
     vLLM's logits for the 15 slots vs the reference fed with the features vLLM captured."""

@@ -113,6 +113,18 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "the drafter's cache) and returns no drafts; otherwise vLLM's own propose runs.",
         remove_when="vLLM's DFlash proposer skips its query forward when no tokens are drafted.",
     ),
+    LedgerEntry(
+        target="vllm._custom_ops:rms_norm",
+        signature="(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None, epsilon: float) -> None",
+        module="vllm_luce.patches.cpu_rms_norm",
+        why="vLLM's DFlash drafters (qwen3_dflash, laguna_dflash) normalise all layers' context keys in one "
+            "call with a [layers, head_dim] weight. The CPU op applies row 0 to every layer, so on CPU every "
+            "drafter layer after the first saw wrongly normalised context keys. Measured: up to 1.3 nats on "
+            "the trained drafter's logits.",
+        how="On CPU only, wraps rms_norm: a 2-D weight is applied row by row to the matching outermost slice. "
+            "Any other call goes to vLLM's op unchanged.",
+        remove_when="vLLM's CPU rms_norm kernel supports grouped (2-D) weights.",
+    ),
 )
 
 
@@ -204,9 +216,10 @@ def when_imported(module_name: str, callback: Callable[[], object]) -> None:
 
 
 def apply_patches() -> None:
-    from vllm_luce.patches import cpu_gdn_spec, dflash_proposer, engine_args, gpu_model_runner, vllm_config
+    from vllm_luce.patches import (cpu_gdn_spec, cpu_rms_norm, dflash_proposer, engine_args, gpu_model_runner,
+                                   vllm_config)
 
     vllm_config.apply()
     engine_args.apply()
-    for module in (cpu_gdn_spec, gpu_model_runner, dflash_proposer):
+    for module in (cpu_gdn_spec, cpu_rms_norm, gpu_model_runner, dflash_proposer):
         when_imported(module.TARGET.split(":")[0], module.apply)
