@@ -34,6 +34,8 @@ PPL_WINDOW = 2048
 CODE_PROMPT_TOKENS = 256
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 MEASURES = ["perplexity", "parity", "acceptance", "needle", "determinism"]
+# Acceptance is the drafter's quality: measured with every draft verified (vllm-luce's gate off).
+EVERY_DRAFT_VERIFIED = {"luce": {"dflash": {"gate": False}}}
 
 
 def build_llm(max_model_len: int, *, drafter: Path | None = None, num_spec: int = 15, **kw):
@@ -174,7 +176,8 @@ def main(argv=None) -> int:
         results["determinism"] = {"prompts": len(prompts), "tokens": 64, "identical": first == second}
     del llm
     if "acceptance" in want:
-        spec = build_llm(4096, drafter=trained_model("qwen36-dflash"), disable_log_stats=False)
+        spec = build_llm(4096, drafter=trained_model("qwen36-dflash"), disable_log_stats=False,
+                         additional_config=EVERY_DRAFT_VERIFIED)
         results["acceptance"] = acceptance(spec, code_prompts(spec.get_tokenizer(), args.code_prompts), args.gen_tokens)
     results["wall_s"] = round(time.time() - t0, 1)
     print(json.dumps(results, indent=1))

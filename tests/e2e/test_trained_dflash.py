@@ -11,7 +11,8 @@ from benchmarks import fidelity as F
 
 @pytest.fixture(scope="module")
 def spec_llm():
-    llm = F.build_llm(1024, drafter=F.trained_model("qwen36-dflash"), disable_log_stats=False)
+    llm = F.build_llm(1024, drafter=F.trained_model("qwen36-dflash"), disable_log_stats=False,
+                      additional_config=F.EVERY_DRAFT_VERIFIED)
     yield llm
     del llm
 
