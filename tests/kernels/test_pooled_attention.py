@@ -1,0 +1,79 @@
+"""pooled_attention: the Triton kernel against the plain PyTorch reference, and against SDPA when
+the pool holds the whole context. Outputs are NaN-poisoned; sizes are small and odd."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vllm_luce.kernels.pooled_attention import pooled_attention, pooled_attention_naive
+
+pytestmark = pytest.mark.kernel
+
+
+def make_case(B=3, Hq=6, Hkv=2, D=80, chunk=16, slots=23, seq_lens=(70, 33, 1), dtype=torch.bfloat16, seed=0):
+    """Each request's chunks sit in shuffled slots of one shared pool; the last chunk is partial."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hq, D, generator=g).to(dtype)
+    k = torch.randn(slots, chunk, Hkv, D, generator=g).to(dtype)
+    v = torch.randn(slots, chunk, Hkv, D, generator=g).to(dtype)
+    perm = torch.randperm(slots, generator=g).tolist()
+    entries = max(-(-n // chunk) for n in seq_lens) + 1  # one unused (-1) entry at least
+    slot_table = torch.full((B, entries), -1, dtype=torch.int32)
+    chunk_pos = torch.zeros(B, entries, dtype=torch.int32)
+    for b, n in enumerate(seq_lens):
+        chunks = list(range(-(-n // chunk)))
+        order = torch.randperm(len(chunks), generator=g).tolist()  # page table in any order
+        for i, c in enumerate(order):
+            slot_table[b, i] = perm.pop()
+            chunk_pos[b, i] = c * chunk
+    return q, k, v, slot_table, chunk_pos, torch.tensor(seq_lens, dtype=torch.int32)
+
+
+def poisoned(B, Hq, D):
+    return torch.full((B, Hq, D), float("nan"))
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-5)])
+@pytest.mark.parametrize("window", [None, 20])
+def test_matches_the_reference(dtype, tol, window):
+    q, k, v, st, cp, lens = make_case(dtype=dtype)
+    out = pooled_attention(q, k, v, st, cp, lens, scale=80 ** -0.5, window=window, out=poisoned(3, 6, 80))
+    ref = pooled_attention_naive(q, k, v, st, cp, lens, scale=80 ** -0.5, window=window)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("Hq, Hkv, D, chunk", [(4, 4, 64, 8), (8, 1, 128, 32), (3, 1, 200, 16)])
+def test_shapes_gqa_and_head_dims(Hq, Hkv, D, chunk):
+    q, k, v, st, cp, lens = make_case(B=2, Hq=Hq, Hkv=Hkv, D=D, chunk=chunk, slots=17, seq_lens=(chunk * 3 - 1, 5),
+                                      dtype=torch.float32, seed=1)
+    out = pooled_attention(q, k, v, st, cp, lens, scale=0.1, out=poisoned(2, Hq, D))
+    torch.testing.assert_close(out, pooled_attention_naive(q, k, v, st, cp, lens, scale=0.1), rtol=1e-5, atol=1e-5)
+
+
+def test_whole_context_in_the_pool_equals_plain_attention():
+    """Slots holding the full context in any order give ordinary causal attention of the last token."""
+    q, k, v, st, cp, lens = make_case(B=1, Hq=6, Hkv=2, D=64, chunk=16, slots=9, seq_lens=(75,), dtype=torch.float32)
+    out = pooled_attention(q, k, v, st, cp, lens, scale=0.125, out=poisoned(1, 6, 64))
+    order = torch.argsort(cp[0, :5])
+    keys = k[st[0, order].long()].reshape(-1, 2, 64)[:75]  # logical order
+    vals = v[st[0, order].long()].reshape(-1, 2, 64)[:75]
+    sdpa = torch.nn.functional.scaled_dot_product_attention(
+        q[:, :, None, :], keys.permute(1, 0, 2)[None], vals.permute(1, 0, 2)[None], scale=0.125, enable_gqa=True)
+    torch.testing.assert_close(out, sdpa[:, :, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_request_with_nothing_visible_gets_zeros():
+    q, k, v, st, cp, lens = make_case(B=2, seq_lens=(40, 20), dtype=torch.float32)
+    lens[1] = 0
+    out = pooled_attention(q, k, v, st, cp, lens, scale=0.1, out=poisoned(2, 6, 80))
+    assert torch.isfinite(out).all() and torch.equal(out[1], torch.zeros(6, 80))
+
+
+def test_bad_shapes_are_refused():
+    q, k, v, st, cp, lens = make_case(dtype=torch.float32)
+    with pytest.raises(ValueError, match="do not group"):
+        pooled_attention(q[:, :5], k, v, st, cp, lens, scale=0.1)
+    with pytest.raises(ValueError, match="power of two"):
+        pooled_attention(q, k[:, :15], v[:, :15], st, cp, lens, scale=0.1)
