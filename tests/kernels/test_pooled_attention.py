@@ -11,7 +11,8 @@ from vllm_luce.kernels.pooled_attention import pooled_attention, pooled_attentio
 pytestmark = pytest.mark.kernel
 
 
-def make_case(B=3, Hq=6, Hkv=2, D=80, chunk=16, slots=23, seq_lens=(70, 33, 1), dtype=torch.bfloat16, seed=0):
+def make_case(B=3, Hq=6, Hkv=2, D=80, chunk=16, slots=23, seq_lens=(70, 33, 1), dtype=torch.bfloat16, seed=0,
+              device="cpu"):
     """Each request's chunks sit in shuffled slots of one shared pool; the last chunk is partial."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, Hq, D, generator=g).to(dtype)
@@ -27,35 +28,37 @@ def make_case(B=3, Hq=6, Hkv=2, D=80, chunk=16, slots=23, seq_lens=(70, 33, 1), 
         for i, c in enumerate(order):
             slot_table[b, i] = perm.pop()
             chunk_pos[b, i] = c * chunk
-    return q, k, v, slot_table, chunk_pos, torch.tensor(seq_lens, dtype=torch.int32)
+    lens = torch.tensor(seq_lens, dtype=torch.int32)
+    return tuple(t.to(device) for t in (q, k, v, slot_table, chunk_pos, lens))
 
 
-def poisoned(B, Hq, D):
-    return torch.full((B, Hq, D), float("nan"))
+def cpu(*tensors):
+    return [t.cpu() for t in tensors]
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-5), (torch.bfloat16, 1e-5)])
 @pytest.mark.parametrize("window", [None, 20])
-def test_matches_the_reference(dtype, tol, window):
-    q, k, v, st, cp, lens = make_case(dtype=dtype)
-    out = pooled_attention(q, k, v, st, cp, lens, scale=80 ** -0.5, window=window, out=poisoned(3, 6, 80))
-    ref = pooled_attention_naive(q, k, v, st, cp, lens, scale=80 ** -0.5, window=window)
+def test_matches_the_reference(dtype, tol, window, device, poisoned):
+    case = make_case(dtype=dtype, device=device)
+    out = pooled_attention(*case, scale=80 ** -0.5, window=window, out=poisoned((3, 6, 80))).cpu()
+    ref = pooled_attention_naive(*cpu(*case), scale=80 ** -0.5, window=window)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("Hq, Hkv, D, chunk", [(4, 4, 64, 8), (8, 1, 128, 32), (3, 1, 200, 16)])
-def test_shapes_gqa_and_head_dims(Hq, Hkv, D, chunk):
-    q, k, v, st, cp, lens = make_case(B=2, Hq=Hq, Hkv=Hkv, D=D, chunk=chunk, slots=17, seq_lens=(chunk * 3 - 1, 5),
-                                      dtype=torch.float32, seed=1)
-    out = pooled_attention(q, k, v, st, cp, lens, scale=0.1, out=poisoned(2, Hq, D))
-    torch.testing.assert_close(out, pooled_attention_naive(q, k, v, st, cp, lens, scale=0.1), rtol=1e-5, atol=1e-5)
+def test_shapes_gqa_and_head_dims(Hq, Hkv, D, chunk, device, poisoned):
+    case = make_case(B=2, Hq=Hq, Hkv=Hkv, D=D, chunk=chunk, slots=17, seq_lens=(chunk * 3 - 1, 5),
+                     dtype=torch.float32, seed=1, device=device)
+    out = pooled_attention(*case, scale=0.1, out=poisoned((2, Hq, D))).cpu()
+    torch.testing.assert_close(out, pooled_attention_naive(*cpu(*case), scale=0.1), rtol=1e-5, atol=1e-5)
 
 
-def test_whole_context_in_the_pool_equals_plain_attention():
+def test_whole_context_in_the_pool_equals_plain_attention(device, poisoned):
     """Slots holding the full context in any order give ordinary causal attention of the last token."""
-    q, k, v, st, cp, lens = make_case(B=1, Hq=6, Hkv=2, D=64, chunk=16, slots=9, seq_lens=(75,), dtype=torch.float32)
-    out = pooled_attention(q, k, v, st, cp, lens, scale=0.125, out=poisoned(1, 6, 64))
+    case = make_case(B=1, Hq=6, Hkv=2, D=64, chunk=16, slots=9, seq_lens=(75,), dtype=torch.float32, device=device)
+    out = pooled_attention(*case, scale=0.125, out=poisoned((1, 6, 64))).cpu()
+    q, k, v, st, cp, lens = cpu(*case)
     order = torch.argsort(cp[0, :5])
     keys = k[st[0, order].long()].reshape(-1, 2, 64)[:75]  # logical order
     vals = v[st[0, order].long()].reshape(-1, 2, 64)[:75]
@@ -64,15 +67,15 @@ def test_whole_context_in_the_pool_equals_plain_attention():
     torch.testing.assert_close(out, sdpa[:, :, 0], rtol=1e-5, atol=1e-5)
 
 
-def test_a_request_with_nothing_visible_gets_zeros():
-    q, k, v, st, cp, lens = make_case(B=2, seq_lens=(40, 20), dtype=torch.float32)
+def test_a_request_with_nothing_visible_gets_zeros(device, poisoned):
+    q, k, v, st, cp, lens = make_case(B=2, seq_lens=(40, 20), dtype=torch.float32, device=device)
     lens[1] = 0
-    out = pooled_attention(q, k, v, st, cp, lens, scale=0.1, out=poisoned(2, 6, 80))
+    out = pooled_attention(q, k, v, st, cp, lens, scale=0.1, out=poisoned((2, 6, 80))).cpu()
     assert torch.isfinite(out).all() and torch.equal(out[1], torch.zeros(6, 80))
 
 
-def test_bad_shapes_are_refused():
-    q, k, v, st, cp, lens = make_case(dtype=torch.float32)
+def test_bad_shapes_are_refused(device):
+    q, k, v, st, cp, lens = make_case(dtype=torch.float32, device=device)
     with pytest.raises(ValueError, match="do not group"):
         pooled_attention(q[:, :5], k, v, st, cp, lens, scale=0.1)
     with pytest.raises(ValueError, match="power of two"):
