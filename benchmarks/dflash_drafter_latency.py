@@ -24,10 +24,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script path
+from benchmarks.gpu_timing import copy_bandwidth, timed  # noqa: E402
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB, BLOCK, TAPS = 4096, 5, 32, 8, 128, 12288, 151_936, 16, 5
 TARGET_PARAMS = 8.19e9  # Qwen3-8B
@@ -75,26 +80,6 @@ class Drafter:
         return (rms(h[1:], self.norm_w) @ self.lm_head.T).argmax(-1)
 
 
-def timed(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
-
-
-def copy_bandwidth(device) -> float:
-    x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    y = torch.empty_like(x)
-    ms = timed(lambda: y.copy_(x), 20)
-    return 2 * x.numel() / (ms / 1e3)  # read + write, bytes/s
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096, 8192, 16384, 32768])
@@ -105,7 +90,7 @@ def main() -> int:
     device, dtype = torch.device("cuda"), torch.bfloat16
     torch.manual_seed(0)
     drafter = Drafter(device, dtype)
-    bw = copy_bandwidth(device)
+    bw = copy_bandwidth()
     floor_ms = TARGET_PARAMS * 2 / bw * 1e3
     rows = []
     features = torch.randn(args.new_tokens, TAPS * HIDDEN, device=device, dtype=dtype)

@@ -15,33 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from vllm_luce.kernels.pooled_attention import pooled_attention
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script path
+from benchmarks.gpu_timing import copy_bandwidth, timed  # noqa: E402
+from vllm_luce.kernels.pooled_attention import pooled_attention  # noqa: E402
 
 HQ, HKV, D, CHUNK = 32, 8, 128, 64
-
-
-def timed(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) / reps
-
-
-def copy_bandwidth() -> float:
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    return 2 * x.numel() / (timed(lambda: y.copy_(x), 20) / 1e3)
 
 
 def pooled_case(B: int, tokens: int, context: int, g: torch.Generator):
