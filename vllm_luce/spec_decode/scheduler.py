@@ -59,7 +59,10 @@ class DFlashGateMixin:
                 request.spec_token_ids = []  # verify nothing for it this step
         start = time.perf_counter()
         output = super().schedule(*args, **kwargs)
-        self._luce_scheduled_at[id(output)] = start
+        at = self._luce_scheduled_at
+        at[id(output)] = start
+        while len(at) > 8:  # an output that never reaches update_from_output must not pile up
+            del at[next(iter(at))]
         return output
 
     def update_from_output(self, scheduler_output, model_runner_output):
