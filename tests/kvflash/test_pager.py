@@ -12,22 +12,30 @@ SHAPE = (2, CHUNK, 3, 8)  # K and V, tokens, kv heads, head dim
 
 def pager(pool_chunks=8, **kw):
     cfg = PagerConfig(pool_tokens=pool_chunks * CHUNK, chunk_tokens=CHUNK, **kw)
-    store = TensorStore(pool_chunks + 3, SHAPE)  # a shared pool; this request owns slots 3..
-    return RequestPager(cfg, store, slots=list(range(3, 3 + pool_chunks)))
+    return RequestPager(cfg, TensorStore(pool_chunks, SHAPE))
 
 
-def fill(p, chunk, seed):
-    """Write a chunk's bytes into its slot, as the worker does after ``append``."""
-    data = torch.randn(SHAPE, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
-    p.store.write(p.slot_of(chunk), data)
-    return data
+def token_value(position):
+    """The bytes the 'model' writes for a logical token: a function of its position only."""
+    return torch.full(SHAPE[:1] + SHAPE[2:], float(position % 251), dtype=torch.bfloat16)
 
 
-def grow(p, tokens, policy, written):
-    before = p.num_chunks
-    p.append(tokens, policy)
-    for c in range(before, p.num_chunks):
-        written[c] = fill(p, c, seed=c)
+def grow(p, tokens, policy, decoded=0):
+    """One step: as the worker does, write each new token at the pool offset ``prepare`` returns."""
+    start = p.num_tokens
+    offsets = p.prepare(start, tokens, policy, decoded=decoded)
+    for pos, off in zip(range(start, start + tokens), offsets):
+        p.store.data[off // CHUNK][:, off % CHUNK] = token_value(pos)
+    return offsets
+
+
+def assert_pool_holds_logical_tokens(p):
+    """Compaction: resident chunk i holds its logical tokens at pool position i."""
+    for i, chunk in enumerate(p.resident):
+        for t in range(CHUNK):
+            pos = chunk * CHUNK + t
+            if pos < p.num_tokens:
+                assert torch.equal(p.store.data[i][:, t], token_value(pos)), (chunk, t)
 
 
 @pytest.mark.parametrize("bad, message", [
@@ -46,59 +54,82 @@ def test_sliding_window_widens_the_protected_tail():
     assert cfg.recent_tail_chunks == 9  # ceil(30 / 4) + 1 (the window may straddle a chunk)
 
 
-def test_residency_is_bounded_and_protected_chunks_stay():
-    p, written, lru = pager(), {}, LRU()
-    for _ in range(60):  # 60 chunks through an 8-chunk pool, a chunk at a time
-        grow(p, CHUNK, lru, written)
+def test_residency_is_bounded_protected_chunks_stay_and_the_pool_stays_compact():
+    p, lru = pager(), LRU()
+    for step in range(60):  # 60 chunks through an 8-chunk pool, in uneven steps
+        grow(p, CHUNK if step % 3 else CHUNK + 1, lru)
         assert len(p.resident) <= p.config.pool_chunks
         assert p.protected() <= set(p.resident)
-        assert set(p.resident.values()) <= set(p.slots)  # never a slot it does not own
-    assert len(p.resident) + len(p.host) == 60 and p.stats.page_outs == 52
+        assert p.resident == sorted(p.resident)
+        assert_pool_holds_logical_tokens(p)
+    assert len(p.resident) + len(p.host) == p.num_chunks
+    assert p.stats.page_outs == len(p.host)
 
 
-def test_page_out_then_in_is_bit_exact_in_any_slot():
-    p, written, lru = pager(), {}, LRU()
-    for _ in range(20):
-        grow(p, CHUNK, lru, written)
-    for c in sorted(p.host):  # host copies are the bytes written
-        assert torch.equal(p.host[c], written[c])
-    victim = p.evictable()[0]
-    slot = p.page_out(victim)
-    away = sorted(p.host)[0]
-    p.page_in(away, slot)  # into another chunk's former slot
-    assert torch.equal(p.store.read(slot), written[away])
-
-
-def test_large_write_must_fit_the_pool():
+def test_resident_tokens_and_offsets_follow_logical_order():
     p, lru = pager(), LRU()
-    p.append(7 * CHUNK, lru)
+    for _ in range(12):
+        grow(p, CHUNK, lru)
+    offsets = grow(p, 3, lru)
+    # 8 resident chunks, the last one partial (3 tokens): attention reads 7 full chunks + 3 tokens
+    assert p.resident_tokens() == 7 * CHUNK + 3
+    assert offsets == [7 * CHUNK, 7 * CHUNK + 1, 7 * CHUNK + 2]
+
+
+def test_page_out_then_in_is_bit_exact():
+    p, qk = pager(), QK()
+    layers, hq, hkv, d = 1, 3, 3, 8
+    for _ in range(20):
+        grow(p, CHUNK, LRU())
+    for c in sorted(p.host):  # host copies are the bytes written
+        for t in range(CHUNK):
+            assert torch.equal(p.host[c][:, t], token_value(c * CHUNK + t))
+    target = sorted(p.host)[0]
+    p.summaries = {c: torch.randn(layers, hkv, d) for c in range(p.num_chunks)}
+    p.queries = p.summaries[target] * 5.0  # the query points at the paged-out chunk
+    grow(p, 1, qk, decoded=p.config.tau_min)
+    assert target in p.resident and p.stats.page_ins >= 1
+    assert_pool_holds_logical_tokens(p)  # paged back in, bit for bit, at its logical position
+
+
+def test_a_step_must_fit_the_pool():
+    p, lru = pager(), LRU()
+    grow(p, p.config.max_step_tokens, lru)
+    grow(p, p.config.max_step_tokens, lru)
     with pytest.raises(RuntimeError, match="write at most"):
-        p.append(8 * CHUNK, lru)
+        grow(p, 8 * CHUNK, lru)
 
 
-def test_lru_evicts_the_least_recently_used():
-    p, written, lru = pager(), {}, LRU()
-    for _ in range(8):
-        grow(p, CHUNK, lru, written)
-    p.touch([1])  # chunk 1 attended to now; chunk 2 is the oldest evictable
-    grow(p, CHUNK, lru, written)
-    assert 2 in p.host and 1 in p.resident
+def test_rejected_drafts_and_restarts_truncate_by_logical_position():
+    p, lru = pager(), LRU()
+    for _ in range(12):
+        grow(p, CHUNK, lru)
+    p.prepare(p.num_tokens, 5, lru)  # a verify step: 5 positions written
+    keep = p.num_tokens - 4  # 4 drafts rejected: the next step starts at the first rejected one
+    offsets = p.prepare(keep, 2, lru)
+    assert p.num_tokens == keep + 2 and offsets[0] == p.pool_offset(keep)
+    p.prepare(0, 3, lru)  # a restart after preemption: everything from position 0 again
+    assert p.resident == [0] and not p.host and p.num_tokens == 3
 
 
-def test_qk_keeps_the_chunk_the_query_points_at_and_reselects_it_back():
-    g = torch.Generator().manual_seed(0)
-    p, written, qk = pager(), {}, QK()
-    layers, hq, hkv, d = 2, 6, 3, 8
+def test_lru_keeps_sinks_and_the_recent_window():
+    p, lru = pager(), LRU()
     for _ in range(30):
-        grow(p, CHUNK, qk, written)
-        for c in range(p.num_chunks):
-            p.summaries.setdefault(c, torch.randn(layers, hkv, d, generator=g))
-    target = sorted(p.host)[0]  # a chunk already paged out
-    qk.observe(p.summaries[target].repeat_interleave(hq // hkv, dim=1) * 3.0)  # queries aligned with it
-    assert p.reselect(qk) and target in p.resident
-    grow(p, CHUNK, qk, written)
-    assert target in p.resident  # the query still points at it: something else was evicted
-    assert torch.equal(p.store.read(p.slot_of(target)), written[target])
+        grow(p, CHUNK, lru)
+    assert p.resident == [0] + list(range(23, 30))
+
+
+def test_qk_evicts_what_the_query_ignores():
+    p, qk = pager(), QK()
+    layers, hq, hkv, d = 2, 6, 3, 8
+    g = torch.Generator().manual_seed(0)
+    for _ in range(8):
+        grow(p, CHUNK, qk)
+    p.summaries = {c: torch.randn(layers, hkv, d, generator=g) for c in range(8)}
+    favourite = 2
+    p.queries = p.summaries[favourite].repeat_interleave(hq // hkv, dim=1)
+    grow(p, CHUNK, qk)
+    assert favourite in p.resident and len(p.host) == 1
 
 
 def test_qk_scores_group_query_heads_on_their_kv_head():
@@ -111,19 +142,31 @@ def test_qk_scores_group_query_heads_on_their_kv_head():
     assert s[1] > s[0]
 
 
+def test_qk_reduce_max_makes_ranks_agree():
+    """Two 'ranks' holding half the heads each agree after a MAX all-reduce of per-layer scores."""
+    g = torch.Generator().manual_seed(1)
+    q, keys = torch.randn(2, 4, 8, generator=g), torch.randn(5, 2, 2, 8, generator=g)
+    full = qk_scores(q, keys)
+    halves = [(q[:, :2], keys[:, :, :1]), (q[:, 2:], keys[:, :, 1:])]
+    from vllm_luce.kvflash.policies import qk_layer_scores
+    per_rank = [qk_layer_scores(a, b) for a, b in halves]
+    reduced = torch.maximum(*per_rank).mean(dim=-1)
+    assert torch.allclose(full, reduced)
+
+
 def test_reselection_interval_grows_with_history():
     p = pager(tau_min=16)
     p.num_tokens = 45 * 100
-    p.note_decoded(99)
+    p.decoded_since_reselect = 99
     assert not p.reselect_due()
-    p.note_decoded(1)
+    p.decoded_since_reselect = 100
     assert p.reselect_due()
 
 
 def test_scorer_hook_and_release():
-    p, written = pager(), {}
+    p = pager()
     scorer = Scorer(lambda pager_, chunks: torch.tensor([-float(c) for c in chunks]))  # prefer early chunks
     for _ in range(20):
-        grow(p, CHUNK, scorer, written)
+        grow(p, CHUNK, scorer)
     assert max(c for c in p.resident if c not in p.protected()) < 8
-    assert p.release() > 0 and not p.host and not p.resident and len(p.free) == p.config.pool_chunks
+    assert p.release() > 0 and not p.host and not p.resident and p.num_tokens == 0

@@ -1,18 +1,28 @@
-"""KVFlash pager core: bounded GPU residency for one request's full-attention KV (pure torch).
+"""KVFlash pager core: bounded residency for one request's full-attention KV (pure torch).
 
 A request's KV is cut into logical chunks of ``chunk_tokens`` tokens. At most ``pool_chunks`` of
-them are resident, in physical pool slots; the rest live in a host backing store. Paging copies
-the chunk's K and V bytes unchanged: RoPE is already applied to cached keys, so a chunk is valid in
-any slot, and out-then-in is bit-exact.
+them are resident; the rest live in a host backing store. Paging copies a chunk's K and V bytes
+unchanged: RoPE is already applied to cached keys, so a chunk is valid at any pool position and
+out-then-in is bit-exact.
 
-Never evicted: the first ``sink_chunks`` chunks (attention sinks), and the recent tail. The tail
-is the last ``recent_chunks`` chunks, or more if a sliding window needs them; it includes the chunk
-being written. Everything else is evictable; a policy (``policies.py``) ranks it. Reselection (page in
-the best-scored host chunks, evicting the worst resident ones) is due every
-``tau = max(tau_min, history / 45)`` decoded tokens.
+The pool is kept **compacted**: resident chunks sit in logical order at pool positions 0, 1, ...
+(token ``t`` of the chunk at position ``i`` is at pool offset ``i * chunk_tokens + t``). Attention
+over the pool is then ordinary paged attention over ``resident_tokens()`` tokens: causal order,
+sliding windows (covered by the recent tail) and chunked prefill (new tokens are always the last
+ones) all hold, so vLLM's own attention kernels serve the pool unchanged. The price is moving
+chunks when the set changes; that happens at most once per chunk of new tokens and at each
+reselection (every ``tau`` decoded tokens), and costs one pass over the pool.
 
-The store is an interface so the same logic drives torch tensors in tests and vLLM's paged KV
-cache in the worker binding: ``read(slot) -> tensor`` and ``write(slot, tensor)``.
+Never evicted: the first ``sink_chunks`` chunks (attention sinks) and the recent tail (the last
+``recent_chunks`` chunks, or more if a sliding window needs them, including the chunks being
+written). A policy (``policies.py``) ranks the rest. Reselection (page in the best-scored host
+chunks in place of worse resident ones) is due every ``tau = max(tau_min, history / 45)``
+decoded tokens.
+
+Page-out happens on eviction, not by write-through: a chunk is copied to the host once, when it
+leaves the pool, and most chunks of a long context never leave it twice. Write-through would copy
+every token to the host as it is written (the whole context, not just the evicted part) to save
+a copy at eviction time that is no larger.
 """
 
 from __future__ import annotations
@@ -61,147 +71,213 @@ class PagerConfig:
     def min_pool_chunks(self) -> int:
         return self.sink_chunks + self.recent_tail_chunks + 1
 
+    @property
+    def max_step_tokens(self) -> int:
+        """Most tokens one step may write: the new chunks (plus the partial one they start in) must
+        fit beside the sinks with one chunk to spare. The scheduler caps prefill chunks at this."""
+        return (self.pool_chunks - self.sink_chunks - 2) * self.chunk_tokens
 
-class SlotStore(Protocol):
-    def read(self, slot: int) -> torch.Tensor: ...
-    def write(self, slot: int, data: torch.Tensor) -> None: ...
+
+class PoolStore(Protocol):
+    """One request's pool, addressed by pool position (chunk granular)."""
+
+    def read(self, position: int) -> torch.Tensor: ...
+    def rearrange(self, moves: list[tuple[int, int]], loads: list[tuple[int, torch.Tensor]]) -> None:
+        """Apply all ``(dst, src)`` position moves and ``(dst, data)`` loads as if at once."""
+    def summarize(self, position: int) -> torch.Tensor: ...
 
 
 class TensorStore:
-    """A pool of ``slots`` chunk-sized slots in one tensor ``[slots, ...]`` (tests, benchmarks)."""
+    """A pool of chunk-sized positions in one tensor ``[positions, ...]`` (tests, benchmarks)."""
 
-    def __init__(self, slots: int, chunk_shape: tuple[int, ...], dtype=torch.bfloat16, device="cpu"):
-        self.data = torch.zeros((slots, *chunk_shape), dtype=dtype, device=device)
+    def __init__(self, positions: int, chunk_shape: tuple[int, ...], dtype=torch.bfloat16, device="cpu"):
+        self.data = torch.zeros((positions, *chunk_shape), dtype=dtype, device=device)
 
-    def read(self, slot: int) -> torch.Tensor:
-        return self.data[slot]
+    def read(self, position: int) -> torch.Tensor:
+        return self.data[position]
 
-    def write(self, slot: int, data: torch.Tensor) -> None:
-        self.data[slot].copy_(data)
+    def rearrange(self, moves, loads) -> None:
+        sources = [self.data[src].clone() for _, src in moves]  # read everything before writing
+        for (dst, _), data in zip(moves, sources):
+            self.data[dst].copy_(data)
+        for dst, data in loads:
+            self.data[dst].copy_(data)
+
+    def summarize(self, position: int) -> torch.Tensor:
+        return self.data[position].float().mean(dim=-3)  # mean over the chunk's tokens
 
 
 @dataclass
 class PagerStats:
     page_outs: int = 0
     page_ins: int = 0
+    bytes_out: int = 0
+    bytes_in: int = 0
+    moves: int = 0
     reselections: int = 0
 
 
 @dataclass
 class RequestPager:
-    """Residency of one request. ``slots`` are the pool slots this request owns (its block budget)."""
-
     config: PagerConfig
-    store: SlotStore
-    slots: list[int]
+    store: PoolStore
     num_tokens: int = 0
-    resident: dict[int, int] = field(default_factory=dict)  # logical chunk -> pool slot
+    resident: list[int] = field(default_factory=list)  # logical chunks, in pool (= logical) order
     host: dict[int, torch.Tensor] = field(default_factory=dict)  # logical chunk -> paged-out bytes
     stats: PagerStats = field(default_factory=PagerStats)
     decoded_since_reselect: int = 0
     last_used: dict[int, int] = field(default_factory=dict)  # logical chunk -> token count when last used
     summaries: dict[int, torch.Tensor] = field(default_factory=dict)  # chunk -> [layers, kv_heads, head_dim]
-
-    def __post_init__(self):
-        if len(self.slots) != self.config.pool_chunks:
-            raise ValueError(f"a request's pool has {self.config.pool_chunks} slots, got {len(self.slots)}")
-        self.free = list(reversed(self.slots))
+    queries: torch.Tensor | None = None  # [layers, q_heads, head_dim] of the latest token (QK policy)
+    # Where each chunk's bytes are in the store now; ``resident`` runs ahead of it within a step.
+    stored_at: dict[int, int] = field(default_factory=dict)
 
     # -------------------------------------------------------------- structure
 
+    def chunks_for(self, tokens: int) -> int:
+        return math.ceil(tokens / self.config.chunk_tokens)
+
     @property
     def num_chunks(self) -> int:
-        return math.ceil(self.num_tokens / self.config.chunk_tokens)
+        return self.chunks_for(self.num_tokens)
 
-    def protected(self) -> set[int]:
-        n, cfg = self.num_chunks, self.config
+    def protected(self, num_chunks: int | None = None) -> set[int]:
+        n, cfg = self.num_chunks if num_chunks is None else num_chunks, self.config
         return set(range(min(cfg.sink_chunks, n))) | set(range(max(0, n - cfg.recent_tail_chunks), n))
 
-    def evictable(self) -> list[int]:
-        keep = self.protected()
-        return sorted(c for c in self.resident if c not in keep)
+    def evictable(self, num_chunks: int | None = None) -> list[int]:
+        keep = self.protected(num_chunks)
+        return [c for c in self.resident if c not in keep]
 
-    def slot_of(self, chunk: int) -> int | None:
-        return self.resident.get(chunk)
+    def resident_tokens(self) -> int:
+        """Tokens attention reads: every resident chunk is full except the last chunk of the sequence."""
+        if not self.resident:
+            return 0
+        return (len(self.resident) - 1) * self.config.chunk_tokens + self.num_tokens - \
+            (self.num_chunks - 1) * self.config.chunk_tokens
+
+    def pool_offset(self, position: int) -> int:
+        """Pool offset of logical token ``position`` (its chunk must be resident)."""
+        chunk, within = divmod(position, self.config.chunk_tokens)
+        return self.resident.index(chunk) * self.config.chunk_tokens + within
 
     def page_table(self) -> list[tuple[int, int]]:
-        """(pool slot, first logical position) of every resident chunk, in logical order."""
-        return [(self.resident[c], c * self.config.chunk_tokens) for c in sorted(self.resident)]
+        """(pool position, first logical token) of every resident chunk."""
+        return [(i, c * self.config.chunk_tokens) for i, c in enumerate(self.resident)]
 
-    # -------------------------------------------------------------- growth
+    # -------------------------------------------------------------- one step
 
-    def append(self, num_new_tokens: int, policy) -> list[int]:
-        """Account for ``num_new_tokens`` written at the end; returns the slots of new chunks (in order).
-        A new chunk takes a free slot, else the slot of the policy's lowest-ranked evictable chunk."""
-        first_new = self.num_chunks  # a partial last chunk is resident already
-        self.num_tokens += num_new_tokens
-        new_chunks = list(range(first_new, self.num_chunks))
-        new_slots = []
+    def prepare(self, start: int, num_new: int, policy, decoded: int = 0) -> list[int]:
+        """Make room for tokens ``start .. start + num_new - 1`` and return their pool offsets.
+
+        ``start`` below the current length drops the tail (rejected drafts, or a restart after
+        preemption): validity is decided by logical position, so nothing needs rolling back.
+        ``decoded`` counts the new tokens that are generated (not prompt) for the tau schedule.
+        """
+        self._truncate(start)
+        if getattr(policy, "needs_summaries", False):
+            self._summarize_full_chunks()
+        end_chunks = self.chunks_for(start + num_new)
+        new_chunks = list(range(self.num_chunks, end_chunks))
+        excess = len(self.resident) + len(new_chunks) - self.config.pool_chunks
+        if excess > 0:
+            self._evict(policy, excess, end_chunks)
+        self.num_tokens = start + num_new
         for chunk in new_chunks:
-            # Chunks allocated by this call hold no data yet: they are never the victim.
-            slot = self.free.pop() if self.free else self._evict(policy, exclude=set(new_chunks))
-            self.resident[chunk] = slot
+            self.resident.append(chunk)
             self.last_used[chunk] = self.num_tokens
-            new_slots.append(slot)
-        return new_slots
+        loads: list[tuple[int, int]] = []
+        self.decoded_since_reselect += decoded
+        if decoded and self.reselect_due():
+            loads = self._reselect(policy)
+        self._relayout(dict(loads))
+        chunk = self.config.chunk_tokens
+        return [self.stored_at[p // chunk] * chunk + p % chunk for p in range(start, start + num_new)]
 
     def touch(self, chunks) -> None:
         """Chunks the current step attended to (recency for LRU)."""
         for c in chunks:
             self.last_used[c] = self.num_tokens
 
-    def note_decoded(self, tokens: int = 1) -> None:
-        self.decoded_since_reselect += tokens
-
     def reselect_due(self) -> bool:
         return self.decoded_since_reselect >= max(self.config.tau_min, self.num_tokens // 45)
 
-    # -------------------------------------------------------------- paging
+    # -------------------------------------------------------------- internals
 
-    def _evict(self, policy, exclude: set[int] = frozenset()) -> int:
-        candidates = [c for c in self.evictable() if c not in exclude]
-        if not candidates:
-            raise RuntimeError(f"KVFlash: no evictable chunk; write at most "
-                               f"{(self.config.pool_chunks - self.config.sink_chunks - 1) * self.config.chunk_tokens} "
-                               "tokens per step into a pool of this size")
-        scores = policy.scores(self, candidates)
-        victim = candidates[int(torch.as_tensor(scores).argmin())]
-        return self.page_out(victim)
+    def _truncate(self, start: int) -> None:
+        if start >= self.num_tokens:
+            if start > self.num_tokens:
+                raise ValueError(f"KVFlash: tokens {self.num_tokens}..{start - 1} were never written")
+            return
+        keep = self.chunks_for(start)
+        self.resident = [c for c in self.resident if c < keep]
+        self.stored_at = {c: i for c, i in self.stored_at.items() if c < keep}
+        for c in [c for c in self.host if c >= keep]:
+            del self.host[c]
+        for c in [c for c in self.summaries if c >= keep - (start % self.config.chunk_tokens > 0)]:
+            del self.summaries[c]  # a chunk cut to partial is re-summarised when full again
+        self.num_tokens = start
 
-    def page_out(self, chunk: int) -> int:
-        """Copy the chunk to the host store, bit for bit; returns the slot it freed."""
-        slot = self.resident.pop(chunk)
-        self.host[chunk] = self.store.read(slot).detach().to("cpu", copy=True)
+    def _summarize_full_chunks(self) -> None:
+        full = self.num_tokens // self.config.chunk_tokens
+        for chunk, position in self.stored_at.items():
+            if chunk < full and chunk not in self.summaries:
+                self.summaries[chunk] = self.store.summarize(position)
+
+    def _evict(self, policy, count: int, num_chunks_after: int) -> None:
+        candidates = self.evictable(num_chunks_after)
+        if len(candidates) < count:
+            raise RuntimeError(
+                f"KVFlash: no room for this step's tokens in a pool of {self.config.pool_chunks} chunks; "
+                f"write at most {self.config.max_step_tokens} tokens per step")
+        scores = torch.as_tensor(policy.scores(self, candidates), dtype=torch.float32)
+        for i in torch.argsort(scores, stable=True)[:count].tolist():
+            self._page_out(candidates[i])
+
+    def _page_out(self, chunk: int) -> None:
+        data = self.store.read(self.stored_at.pop(chunk)).detach().to("cpu", copy=True)
+        self.host[chunk] = data
+        self.resident.remove(chunk)
         self.stats.page_outs += 1
-        return slot
+        self.stats.bytes_out += data.numel() * data.element_size()
 
-    def page_in(self, chunk: int, slot: int) -> None:
-        self.store.write(slot, self.host.pop(chunk))
-        self.resident[chunk] = slot
-        self.stats.page_ins += 1
-
-    def reselect(self, policy) -> list[int]:
-        """Swap in host chunks that outscore resident evictable ones; returns the chunks paged in."""
+    def _reselect(self, policy) -> list[tuple[int, int]]:
+        """Swap in host chunks that outscore resident evictable ones; returns (chunk, 0) loads."""
         self.decoded_since_reselect = 0
         self.stats.reselections += 1
-        if not self.host:
-            return []
-        resident = self.evictable()
-        away = sorted(self.host)
-        if not resident:
+        resident, away = self.evictable(), sorted(self.host)
+        if not resident or not away:
             return []
         scores = torch.as_tensor(policy.scores(self, resident + away), dtype=torch.float32)
         res_scores, host_scores = scores[: len(resident)], scores[len(resident):]
-        order_res = torch.argsort(res_scores)  # worst resident first
-        order_host = torch.argsort(host_scores, descending=True)  # best host first
-        paged_in = []
-        for r, h in zip(order_res.tolist(), order_host.tolist()):
+        loads = []
+        worst_first = torch.argsort(res_scores, stable=True).tolist()
+        best_first = torch.argsort(host_scores, descending=True, stable=True).tolist()
+        for r, h in zip(worst_first, best_first):
             if host_scores[h] <= res_scores[r]:
                 break
-            slot = self.page_out(resident[r])
-            self.page_in(away[h], slot)
-            paged_in.append(away[h])
-        return paged_in
+            self._page_out(resident[r])
+            loads.append((away[h], 0))
+        for chunk, _ in loads:
+            self.resident.append(chunk)
+        self.resident.sort()
+        return loads
+
+    def _relayout(self, loading: dict[int, int]) -> None:
+        """Move surviving chunks to their new positions and load paged-in ones, in one pass."""
+        old_position, moves, loads = self.stored_at, [], []
+        for position, chunk in enumerate(self.resident):
+            if chunk in loading:
+                data = self.host.pop(chunk)
+                loads.append((position, data))
+                self.stats.page_ins += 1
+                self.stats.bytes_in += data.numel() * data.element_size()
+            elif chunk in old_position and old_position[chunk] != position:
+                moves.append((position, old_position[chunk]))
+        if moves or loads:
+            self.stats.moves += len(moves)
+            self.store.rearrange(moves, loads)
+        self.stored_at = {c: i for i, c in enumerate(self.resident)}
 
     def release(self) -> int:
         """Free everything (finished or aborted request); returns the host bytes returned."""
@@ -210,5 +286,9 @@ class RequestPager:
         self.resident.clear()
         self.last_used.clear()
         self.summaries.clear()
-        self.free = list(reversed(self.slots))
+        self.stored_at.clear()
+        self.num_tokens = 0
         return freed
+
+    def host_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.host.values())

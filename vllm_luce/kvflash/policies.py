@@ -2,9 +2,11 @@
 keep). The pager evicts the lowest-scored evictable chunk and, on reselection, swaps in host
 chunks that outscore resident ones.
 
-* ``LRU``: recency of use (the token count when the chunk was last attended to).
+* ``LRU``: recency of use (the token count when the chunk was last attended to). Full attention
+  reads every resident chunk at every step, so recency reduces to age: LRU keeps the sinks and the
+  most recent chunks (StreamingLLM's window) and never pages anything back in. It is the baseline.
 * ``QK``: per chunk, the mean-pooled post-RoPE keys per KV head (``pager.summaries``, filled by
-  the worker with the ``chunk_mean`` kernel), scored by cosine with the current queries. Each
+  the pager from its store when a chunk is full), scored by cosine with the current queries. Each
   query head is compared with its group's KV head; the score is the maximum over query heads,
   averaged over the full-attention layers.
 * ``Scorer``: an external per-chunk score (PFlash's drafter scorer plugs in here).
@@ -26,34 +28,45 @@ class LRU:
 
 
 class QK:
+    """Reads ``pager.queries`` ([layers, q_heads, head_dim] of the request's latest token, set by
+    the worker) and ``pager.summaries``. ``reduce_max`` makes scores rank-invariant under tensor
+    parallelism: each rank holds some heads, so the per-layer head maximum is all-reduced (MAX)."""
+
     name = "qk"
+    needs_summaries = True
 
-    def __init__(self):
-        self.queries: torch.Tensor | None = None  # [layers, q_heads, head_dim] of the current step
-
-    def observe(self, queries: torch.Tensor) -> None:
-        self.queries = queries
+    def __init__(self, reduce_max: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        self.reduce_max = reduce_max
 
     def scores(self, pager, chunks: list[int]) -> torch.Tensor:
-        if self.queries is None:
+        queries = getattr(pager, "queries", None)
+        if queries is None:
             return LRU().scores(pager, chunks)  # no query seen yet: recency
         missing = [c for c in chunks if c not in pager.summaries]
         if missing:
             raise KeyError(f"QK policy: no key summary for chunks {missing[:8]}")
         keys = torch.stack([pager.summaries[c] for c in chunks]).float()  # [C, L, Hkv, D]
-        return qk_scores(self.queries.float(), keys)
+        per_layer = qk_layer_scores(queries.float(), keys)
+        if self.reduce_max is not None:
+            per_layer = self.reduce_max(per_layer)
+        return per_layer.mean(dim=-1)
 
 
 def qk_scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     """queries [L, Hq, D], keys [C, L, Hkv, D] -> [C]: mean over layers of max over query heads of
     cos(query head, its group's key summary)."""
+    return qk_layer_scores(queries, keys).mean(dim=-1)
+
+
+def qk_layer_scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """[C, L]: per layer, the max over query heads of cos(query head, its group's key summary)."""
     layers, hq, _ = queries.shape
     hkv = keys.shape[2]
     if hq % hkv:
         raise ValueError(f"{hq} query heads do not group over {hkv} KV heads")
     k = keys.repeat_interleave(hq // hkv, dim=2)  # [C, L, Hq, D]
     cos = (F.normalize(queries, dim=-1)[None] * F.normalize(k, dim=-1)).sum(-1)  # [C, L, Hq]
-    return cos.amax(dim=-1).mean(dim=-1)
+    return cos.amax(dim=-1)
 
 
 class Scorer:
@@ -67,3 +80,15 @@ class Scorer:
 
 
 POLICIES = {"lru": LRU, "qk": QK}
+
+
+def make_policy(name: str, scorer: Callable | None = None, reduce_max=None):
+    if name == "lru":
+        return LRU()
+    if name == "qk":
+        return QK(reduce_max)
+    if name == "scorer":
+        if scorer is None:
+            raise ValueError("luce.kvflash.policy 'scorer' needs a chunk scorer (PFlash's drafter scorer)")
+        return Scorer(scorer)
+    raise ValueError(f"luce.kvflash.policy: got {name!r}; expected one of 'lru', 'qk', 'scorer'")
