@@ -47,8 +47,8 @@ def test_luce_must_be_an_object():
 
 
 def test_enabling_a_feature_that_has_not_landed_stops_startup():
-    with pytest.raises(LuceConfigError, match="luce.kvflash: kvflash is not available"):
-        build({"kvflash": {"pool_tokens": 4096}})
+    with pytest.raises(LuceConfigError, match="luce.pflash: pflash is not available"):
+        build({"pflash": {"drafter": "/models/d"}})
 
 
 def test_disabled_sections_are_validated_but_inactive():
@@ -75,3 +75,26 @@ def test_bad_environment_values_name_the_variable():
         build(environ={"VLLM_LUCE_KVFLASH_CHUNK_TOKENS": "100", "VLLM_LUCE_KVFLASH": "off"})
     with pytest.raises(LuceConfigError, match="unknown environment variable VLLM_LUCE_KVFLAHS_POOL"):
         build(environ={"VLLM_LUCE_KVFLAHS_POOL": "1"})
+
+
+@pytest.mark.parametrize("value, message", [
+    (100, None), ("auto", None), (0, "a positive integer or 'auto'"), (-64, "a positive integer"),
+    (64.0, "a positive integer"), (True, "a positive integer"), ("4k", "a positive integer"),
+])
+def test_kvflash_pool_tokens_values(value, message):
+    if message is None:
+        assert build({"kvflash": {"pool_tokens": value}}).kvflash.pool_tokens == value
+    else:
+        with pytest.raises(LuceConfigError, match=f"luce.kvflash.pool_tokens: got .*expected {message}"):
+            build({"kvflash": {"pool_tokens": value}})
+
+
+def test_kvflash_pool_checks_against_the_chunk_and_the_floor():
+    from vllm_luce.kvflash.pager import KVFlashConfigError
+    from vllm_luce.kvflash.settings import AUTO_POOL_TOKENS, pager_config_from
+
+    assert pager_config_from(build({"kvflash": {}}).kvflash).pool_tokens == AUTO_POOL_TOKENS
+    with pytest.raises(KVFlashConfigError, match="pool_tokens: got 100; expected a positive multiple of chunk_tokens"):
+        pager_config_from(build({"kvflash": {"pool_tokens": 100}}).kvflash)
+    with pytest.raises(KVFlashConfigError, match="expected at least 768"):  # 1 sink + 4 recent + 1, of 128
+        pager_config_from(build({"kvflash": {"pool_tokens": 512, "chunk_tokens": 128}}).kvflash)

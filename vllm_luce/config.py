@@ -72,7 +72,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
 
 # Features whose implementation has landed. Enabling any other section stops startup:
 # accepting a setting that does nothing would be worse than refusing it.
-AVAILABLE_FEATURES: frozenset[str] = frozenset({"dflash"})
+AVAILABLE_FEATURES: frozenset[str] = frozenset({"dflash", "kvflash"})
 # Features on by default when what they improve is in use (here: DFlash speculation).
 DEFAULT_ON_WHEN_USED: frozenset[str] = frozenset({"dflash"})
 

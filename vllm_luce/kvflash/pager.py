@@ -181,7 +181,7 @@ class RequestPager:
         new_chunks = list(range(self.num_chunks, end_chunks))
         excess = len(self.resident) + len(new_chunks) - self.config.pool_chunks
         if excess > 0:
-            self._evict(policy, excess, end_chunks)
+            self._evict(policy, excess, end_chunks, first_written=start // self.config.chunk_tokens)
         self.num_tokens = start + num_new
         for chunk in new_chunks:
             self.resident.append(chunk)
@@ -224,8 +224,9 @@ class RequestPager:
             if chunk < full and chunk not in self.summaries:
                 self.summaries[chunk] = self.store.summarize(position)
 
-    def _evict(self, policy, count: int, num_chunks_after: int) -> None:
-        candidates = self.evictable(num_chunks_after)
+    def _evict(self, policy, count: int, num_chunks_after: int, first_written: int) -> None:
+        # A chunk this step writes into (the partial one it starts in) is never the victim.
+        candidates = [c for c in self.evictable(num_chunks_after) if c < first_written]
         if len(candidates) < count:
             raise RuntimeError(
                 f"KVFlash: no room for this step's tokens in a pool of {self.config.pool_chunks} chunks; "

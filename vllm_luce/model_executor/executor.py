@@ -34,6 +34,25 @@ def build_layer_plan(model) -> LayerPlan:
     return LayerPlan(tuple(found[i] for i in sorted(found)))
 
 
+def pool_full_attention(model, plan: LayerPlan, luce: LuceConfig) -> None:
+    """KVFlash: the full-attention layers that own their KV declare a KVFlashSpec (a per-request
+    pool); sliding-window, KV-sharing and Gated DeltaNet layers keep vLLM's own specs."""
+    from vllm_luce.kvflash.settings import pager_config_from
+    from vllm_luce.kvflash.spec import KVFlashSpec, register_kv_cache_spec
+
+    register_kv_cache_spec()
+    pool_tokens = pager_config_from(luce.kvflash).pool_tokens
+    modules = dict(model.named_modules())
+    for info in plan.full_attention:
+        attn = modules[info.module_name]
+        upstream = attn.get_kv_cache_spec
+
+        def get_kv_cache_spec(vllm_config, _upstream=upstream):
+            return KVFlashSpec.from_full_attention(_upstream(vllm_config), pool_tokens)
+
+        attn.get_kv_cache_spec = get_kv_cache_spec
+
+
 class LuceExecutor:
     """Mixed in before the vLLM model class; keeps its constructor signature and defaults."""
 
@@ -48,5 +67,7 @@ class LuceExecutor:
             super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.luce_config = LuceConfig.from_vllm_config(vllm_config)
         self.luce_layers = build_layer_plan(self)
+        if self.luce_config.kvflash.enabled:
+            pool_full_attention(self, self.luce_layers, self.luce_config)
         logger.info("%s: %s is served by %s (%s); features: %s", tag(), self.upstream_architecture,
                     type(self).__name__, self.luce_layers.summary(), self.luce_config.describe())

@@ -128,6 +128,26 @@ LEDGER: tuple[LedgerEntry, ...] = (
 )
 
 
+LEDGER += (
+    LedgerEntry(
+        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache",
+        signature="(self, kv_cache_config: vllm.v1.kv_cache_interface.KVCacheConfig, is_profiling: bool = False, "
+                  "kv_cache_allocation_context: contextlib.AbstractContextManager | None = None) -> None",
+        module="vllm_luce.patches.gpu_model_runner_kv_cache",
+        why="KVFlash's worker side (per-request pagers, the pooled group's slot mapping and resident "
+            "sequence lengths) needs the runner's KV cache tensors, block tables and attention groups, which "
+            "exist only after initialize_kv_cache. V1 has no hook for a plugin there (KV connectors are "
+            "scheduler/transfer hooks and cannot change slot mappings).",
+        how="Wraps initialize_kv_cache (the CPU runner calls it through super()): after vLLM's own code, when "
+            "luce.kvflash is on and a KVFlashSpec group exists, kvflash.worker.bind_v1 binds to that "
+            "runner's objects (instance attributes only: the group's BlockTable.compute_slot_mapping, its "
+            "metadata builders, the pooled layers' impl.forward, and _update_states for releases).",
+        remove_when="vLLM offers a worker-side hook for custom KV cache specs to own slot mapping and "
+                    "attention metadata (as CircularBufferSpec's in-tree users do).",
+    ),
+)
+
+
 def ledger_signature(target: str) -> str:
     """The signature the ledger records for ``module:Owner.name``."""
     return next(e.signature for e in LEDGER if e.target == target)
@@ -217,9 +237,9 @@ def when_imported(module_name: str, callback: Callable[[], object]) -> None:
 
 def apply_patches() -> None:
     from vllm_luce.patches import (cpu_gdn_spec, cpu_rms_norm, dflash_proposer, engine_args, gpu_model_runner,
-                                   vllm_config)
+                                   gpu_model_runner_kv_cache, vllm_config)
 
     vllm_config.apply()
     engine_args.apply()
-    for module in (cpu_gdn_spec, cpu_rms_norm, gpu_model_runner, dflash_proposer):
+    for module in (cpu_gdn_spec, cpu_rms_norm, gpu_model_runner, gpu_model_runner_kv_cache, dflash_proposer):
         when_imported(module.TARGET.split(":")[0], module.apply)

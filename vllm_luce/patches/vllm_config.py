@@ -15,10 +15,16 @@ def _make_wrapper(original):
     @functools.wraps(original)
     def __post_init__(self) -> None:
         luce = LuceConfig.from_vllm_config(self)
+        from vllm_luce.kvflash.install import before_vllm_checks
+
+        before_vllm_checks(self, luce)
         original(self)
         from vllm_luce.spec_decode.install import install_gate
 
         gated = install_gate(self, luce)
+        from vllm_luce.kvflash.install import install_kvflash
+
+        kvflash = install_kvflash(self, luce)
         global _logged
         if not _logged:
             _logged = True
@@ -26,7 +32,7 @@ def _make_wrapper(original):
 
             logger.info("%s: executors: %s; active features: %s%s", tag(),
                         vllm_luce.executors_description, luce.describe(),
-                        f"; DFlash gate: {gated}" if gated else "")
+                        (f"; DFlash gate: {gated}" if gated else "") + (f"; KVFlash: {kvflash}" if kvflash else ""))
 
     return __post_init__
 

@@ -1,0 +1,53 @@
+"""Switch KVFlash on in a VllmConfig (called from the VllmConfig patch, in the process that parses
+the configuration, so a bad setting stops startup there).
+
+* The pool settings are validated (a KVFlashConfigError names the key and the floor).
+* Every step's new tokens of a request must fit in its pool beside the sinks, so the scheduler's
+  token budget per step is capped at ``PagerConfig.max_step_tokens``. vLLM's per-request cap
+  (``long_prefill_token_threshold``) is not applied to a request alone in the batch, so the step
+  budget (``max_num_batched_tokens``) itself is capped.
+* Prefix caching is switched off: a pooled request's KV depends on what it paged out, so it is not
+  a function of the prefix, and vLLM's hybrid coordinator takes hits from the other groups alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_luce.config import LuceConfig, LuceConfigError
+from vllm_luce.kvflash.pager import KVFlashConfigError
+from vllm_luce.kvflash.settings import pager_config_from
+
+
+def before_vllm_checks(vllm_config: Any, luce: LuceConfig) -> None:
+    """Settings vLLM's own VllmConfig checks must see (prefix caching decides Mamba block sizes)."""
+    if luce.kvflash.enabled and vllm_config.cache_config.enable_prefix_caching is not False:
+        vllm_config.cache_config.enable_prefix_caching = False
+
+
+def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
+    kv = luce.kvflash
+    if not kv.enabled:
+        return None
+    if kv.policy == "scorer":
+        raise LuceConfigError("luce.kvflash.policy: got 'scorer'; the drafter scorer comes with PFlash "
+                              "(luce.pflash), which is not available in this version; use 'qk' or 'lru'")
+    try:
+        cfg = pager_config_from(kv)
+    except KVFlashConfigError as e:
+        raise LuceConfigError(str(e)) from None
+    sched = vllm_config.scheduler_config
+    spec = getattr(vllm_config, "speculative_config", None)
+    lookahead = (getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
+    step = cfg.max_step_tokens
+    if step <= lookahead:
+        raise LuceConfigError(f"luce.kvflash.pool_tokens: got {cfg.pool_tokens}; a step writes up to "
+                              f"{lookahead + 1} tokens with speculation, so the pool needs at least "
+                              f"{(lookahead + 1 + (cfg.sink_chunks + 2) * cfg.chunk_tokens)} tokens")
+    if sched.max_num_batched_tokens > step:
+        sched.max_num_batched_tokens = step
+    if sched.max_num_scheduled_tokens is not None and sched.max_num_scheduled_tokens > step:
+        sched.max_num_scheduled_tokens = step
+    if not sched.long_prefill_token_threshold or sched.long_prefill_token_threshold > step:
+        sched.long_prefill_token_threshold = step
+    return f"pool {cfg.pool_tokens} tokens, chunks of {cfg.chunk_tokens}, policy {kv.policy}, step <= {step} tokens"

@@ -1,0 +1,100 @@
+"""KVFlash on vLLM's scheduler side: a KV cache spec and manager, registered through
+``KVCacheSpecRegistry`` (no patch).
+
+``KVFlashSpec`` is a full-attention spec with a per-request cap of ``pool_tokens``: the manager
+allocates blocks as a request grows, up to ``ceil(pool_tokens / block_size)`` blocks, and never
+more. The scheduler's startup check (``max_memory_usage_bytes``) and its admission therefore see
+the pool, not the context, so prompts far beyond the KV budget are admitted. Where tokens go inside
+those blocks is the worker's business (``worker.py``: a compacted pool, see ``pager.py``).
+Prefix caching is off for these layers: a block's content depends on paging, not on the prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import ClassVar
+
+from vllm.utils.math_utils import cdiv
+from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
+from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+
+@dataclass(frozen=True, kw_only=True)
+class KVFlashSpec(FullAttentionSpec):
+    pool_tokens: int = 0
+
+    @classmethod
+    def from_full_attention(cls, spec: FullAttentionSpec, pool_tokens: int) -> "KVFlashSpec":
+        if type(spec) is not FullAttentionSpec:
+            raise TypeError(f"KVFlash pools full-attention layers; got a {type(spec).__name__}")
+        return cls(**{f.name: getattr(spec, f.name) for f in fields(spec)}, pool_tokens=pool_tokens)
+
+    @property
+    def pool_blocks(self) -> int:
+        return cdiv(self.pool_tokens, self.block_size)
+
+    def max_num_blocks_per_req(self, vllm_config, max_len: int) -> int:
+        return min(self.pool_blocks, cdiv(max_len, self.block_size))
+
+    def max_memory_usage_bytes(self, vllm_config) -> int:
+        return self.max_num_blocks_per_req(vllm_config, vllm_config.model_config.max_model_len) \
+            * self.page_size_bytes
+
+    @property
+    def prefix_cacheable(self) -> bool:
+        return False
+
+    @classmethod
+    def merge(cls, specs: list["KVFlashSpec"]) -> "KVFlashSpec":
+        pools = {spec.pool_tokens for spec in specs}
+        if len(pools) != 1:
+            raise ValueError(f"KVFlash layers of one KV cache group have different pools: {sorted(pools)}")
+        return replace(super().merge(specs), pool_tokens=pools.pop())
+
+
+class KVFlashManager(FullAttentionManager):
+    """FullAttentionManager with the request's block count capped at the pool; no prefix caching."""
+
+    supports_fine_grained_hash_lookup: ClassVar[bool] = False
+
+    def _cap(self, num_tokens: int) -> int:
+        return min(num_tokens, self.kv_cache_spec.pool_blocks * self.block_size)
+
+    def get_num_blocks_to_allocate(self, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
+                                   num_local_computed_tokens, num_tokens_main_model, apply_admission_cap=False,
+                                   prefill_end=0) -> int:
+        return super().get_num_blocks_to_allocate(
+            request_id, self._cap(num_tokens), new_computed_blocks, total_computed_tokens, num_local_computed_tokens,
+            self._cap(num_tokens_main_model), apply_admission_cap, prefill_end)
+
+    def allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model):
+        return super().allocate_new_blocks(request_id, self._cap(num_tokens), self._cap(num_tokens_main_model))
+
+    def allocate_external_computed_blocks(self, request_id, num_local_computed_tokens,
+                                          num_external_computed_tokens, record_for_zeroing=True) -> None:
+        if num_external_computed_tokens:
+            raise NotImplementedError("KVFlash does not take KV from a KV connector")
+
+    @classmethod
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
+                               drop_eagle_block, alignment_tokens, dcp_world_size=1, pcp_world_size=1):
+        return tuple([] for _ in kv_cache_group_ids), 0
+
+    def cache_blocks(self, request, num_tokens, retention_interval=None, *, replay_boundaries) -> None:
+        return
+
+    def remove_skipped_blocks(self, request_id, processed_computed_tokens, num_prompt_tokens=None) -> None:
+        return
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        return 0
+
+
+def register_kv_cache_spec() -> None:
+    """Idempotent. vLLM fills its built-in registrations only while the registry is empty, so they
+    are made first; then KVFlashSpec joins as its own group type (never merged with plain full
+    attention, e.g. a drafter's layers)."""
+    from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+
+    KVCacheSpecRegistry._ensure_registered()
+    KVCacheSpecRegistry.register(KVFlashSpec, KVFlashManager, uniform_type_base_spec=KVFlashSpec)

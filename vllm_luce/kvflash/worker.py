@@ -1,0 +1,237 @@
+"""KVFlash on vLLM's worker side: one pager per request, bound to a model runner.
+
+Per step, before the forward (``plan``):
+  * each scheduled request's pager makes room for its new tokens (page-out, compaction, and every
+    ``tau`` decoded tokens a reselection that pages chunks back in), then returns their pool offsets;
+  * those become the slot mapping of the pooled KV cache group (the new K/V land in the pool);
+  * the group's attention metadata gets ``seq_lens`` = resident tokens, so vLLM's own paged
+    attention reads exactly the compacted pool (``pager.py``).
+After the forward, the pooled layers' queries of each request's last token are kept for the QK
+policy. Finished and preempted requests release their pagers (and host pages).
+
+``KVFlashRuntime`` holds that logic and knows nothing of a particular runner; ``bind_v1`` (here)
+and ``bind_v2`` (``worker_v2.py``) attach it to vLLM's two model runners.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from vllm_luce.kvflash.kv_store import CPU_LAYOUT, NHD_LAYOUT, PagedPoolStore, TokenLayout
+from vllm_luce.kvflash.pager import PagerConfig, PagerStats, RequestPager
+from vllm_luce.kvflash.policies import make_policy
+from vllm_luce.kvflash.settings import pager_config_from
+from vllm_luce.log import logger, tag
+
+
+class KVFlashRuntime:
+    def __init__(self, config: PagerConfig, policy_name: str, caches: list[torch.Tensor], layout: TokenLayout,
+                 head_size: int, block_size: int, max_num_reqs: int, scorer=None, reduce_max=None):
+        self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
+        self.caches = caches
+        self.policy = make_policy(policy_name, scorer, reduce_max)
+        self.pagers: dict[str, RequestPager] = {}
+        self.resident_lens = torch.zeros(max_num_reqs, dtype=torch.int32)
+        self.step_req_ids: list[str] = []
+        self.step_last_rows: np.ndarray = np.zeros(0, dtype=np.int64)  # last token of each scheduled row
+        self.step_queries: dict[int, torch.Tensor] = {}  # pooled layer -> [rows, q_heads, head]
+        self.host_bytes_released = 0
+        self.released = PagerStats()  # totals of released pagers
+
+    def pager(self, req_id: str) -> RequestPager:
+        pager = self.pagers.get(req_id)
+        if pager is None:
+            store = PagedPoolStore(self.caches, self.layout, self.head_size, self.block_size, self.config.chunk_tokens)
+            pager = self.pagers[req_id] = RequestPager(self.config, store)
+        return pager
+
+    def plan(self, req_ids: list[str], query_start_loc: np.ndarray, positions: np.ndarray, rows: np.ndarray,
+             num_blocks: np.ndarray, num_prompt_tokens: np.ndarray) -> np.ndarray:
+        """Run every scheduled request's pager for this step; returns the slot mapping of the step's
+        tokens (int64, one per token) and fills ``resident_lens``."""
+        self._collect_queries()
+        slots = np.full(int(query_start_loc[len(req_ids)]), -1, dtype=np.int64)
+        for r, req_id in enumerate(req_ids):
+            lo, hi = int(query_start_loc[r]), int(query_start_loc[r + 1])
+            pager = self.pager(req_id)
+            pager.store.row = rows[r, : num_blocks[r]]
+            if hi > lo:
+                start = int(positions[lo])
+                decoded = max(0, hi - lo - max(0, int(num_prompt_tokens[r]) - start))
+                offsets = pager.prepare(start, hi - lo, self.policy, decoded=decoded)
+                slots[lo:hi] = pager.store.slots(offsets)
+            self.resident_lens[r] = pager.resident_tokens()
+        self.step_req_ids = list(req_ids)
+        self.step_last_rows = np.asarray(query_start_loc[1: len(req_ids) + 1], dtype=np.int64) - 1
+        return slots
+
+    def observe_queries(self, layer: int, query: torch.Tensor) -> None:
+        """Called by each pooled layer with its post-RoPE queries [tokens, q_heads, head] (QK policy)."""
+        if getattr(self.policy, "needs_summaries", False) and len(self.step_last_rows):
+            rows = torch.as_tensor(self.step_last_rows, device=query.device)
+            self.step_queries[layer] = query.index_select(0, rows).detach().float().cpu()
+
+    def _collect_queries(self) -> None:
+        if not self.step_queries:
+            return
+        stacked = torch.stack([self.step_queries[k] for k in sorted(self.step_queries)], dim=1)  # [rows, L, H, D]
+        for r, req_id in enumerate(self.step_req_ids):
+            if req_id in self.pagers and r < stacked.shape[0]:
+                self.pagers[req_id].queries = stacked[r]
+        self.step_queries.clear()
+
+    def release(self, req_ids) -> None:
+        for req_id in req_ids:
+            pager = self.pagers.pop(req_id, None)
+            if pager is not None:
+                for k, v in vars(pager.stats).items():
+                    setattr(self.released, k, getattr(self.released, k) + v)
+                self.host_bytes_released += pager.release()
+
+    def host_bytes(self) -> int:
+        return sum(p.host_bytes() for p in self.pagers.values())
+
+    def stats(self) -> dict[str, int]:
+        keys = ("page_outs", "page_ins", "bytes_out", "bytes_in", "moves", "reselections")
+        return {k: getattr(self.released, k) + sum(getattr(p.stats, k) for p in self.pagers.values()) for k in keys}
+
+
+# ------------------------------------------------------------------ Model Runner V1 binding
+
+
+def layout_for_backend(backend_name: str) -> TokenLayout:
+    if backend_name == "CPU_ATTN":
+        return CPU_LAYOUT
+    if backend_name in ("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER"):
+        return NHD_LAYOUT
+    raise NotImplementedError(f"KVFlash: attention backend {backend_name} is not supported "
+                              "(supported: CPU_ATTN, FLASH_ATTN, TRITON_ATTN, FLASHINFER)")
+
+
+def kvflash_groups(kv_cache_config) -> list[int]:
+    from vllm_luce.kvflash.spec import KVFlashSpec
+
+    return [gid for gid, g in enumerate(kv_cache_config.kv_cache_groups) if isinstance(g.kv_cache_spec, KVFlashSpec)]
+
+
+def bind_v1(runner, luce) -> KVFlashRuntime | None:
+    """Attach KVFlash to a V1 GPUModelRunner (or CPUModelRunner) after initialize_kv_cache."""
+    groups = kvflash_groups(runner.kv_cache_config)
+    if not groups:
+        return None
+    if len(groups) > 1:
+        raise NotImplementedError(f"KVFlash: {len(groups)} pooled KV cache groups; one is supported")
+    gid = groups[0]
+    group = runner.kv_cache_config.kv_cache_groups[gid]
+    spec = group.kv_cache_spec
+    attn_groups = runner.attn_groups[gid]
+    layout = layout_for_backend(attn_groups[0].backend.get_name())
+    forward_context = runner.compilation_config.static_forward_context
+    caches = [forward_context[name].kv_cache for name in group.layer_names]
+    caches = [c[0] if isinstance(c, list) else c for c in caches]
+    cfg = pager_config_from(luce.kvflash)
+    block_table = runner.input_batch.block_table[gid]
+    runtime = KVFlashRuntime(cfg, luce.kvflash.policy, caches, layout, spec.head_size, block_table.block_size,
+                             runner.input_batch.max_num_reqs, reduce_max=_tp_reduce_max())
+    _bind_slot_mapping(runner, block_table, runtime)
+    for attn_group in attn_groups:
+        attn_group.metadata_builders = [_PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
+    for index, name in enumerate(group.layer_names):
+        _capture_queries(forward_context[name], index, runtime)
+    _bind_release(runner, runtime)
+    runner.luce_kvflash = runtime
+    logger.info("%s: KVFlash on %d layers (group %d, block %d): pool %d tokens in chunks of %d, policy %s",
+                tag(), len(group.layer_names), gid, block_table.block_size, cfg.pool_tokens, cfg.chunk_tokens,
+                luce.kvflash.policy)
+    return runtime
+
+
+def _bind_slot_mapping(runner, block_table, runtime: KVFlashRuntime) -> None:
+    """The pooled group's slot mapping comes from the pagers instead of ``row[pos // block]``."""
+
+    def compute_slot_mapping(num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:
+        batch = runner.input_batch
+        qsl = query_start_loc.cpu().numpy()
+        slots = runtime.plan(batch.req_ids[:num_reqs], qsl, positions.cpu().numpy(), block_table.block_table.np,
+                             block_table.num_blocks_per_row, batch.num_prompt_tokens)
+        n = len(slots)
+        block_table.slot_mapping.np[:n] = slots
+        block_table.slot_mapping.copy_to_gpu(n)
+
+    block_table.compute_slot_mapping = compute_slot_mapping
+
+
+class _PooledBuilder:
+    """Wraps the group's attention metadata builder: attention reads the resident tokens only."""
+
+    def __init__(self, inner, runtime: KVFlashRuntime):
+        self._inner, self._runtime = inner, runtime
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def _pooled(self, cm):
+        n = cm.num_reqs
+        lens_cpu = self._runtime.resident_lens[:n]
+        lens = cm.seq_lens.clone()
+        lens[:n] = lens_cpu.to(cm.seq_lens.device, non_blocking=True)
+        changes = dict(seq_lens=lens, max_seq_len=int(lens_cpu.max()) if n else 0)
+        if cm.seq_lens_cpu_upper_bound is not None:
+            upper = cm.seq_lens_cpu_upper_bound.clone()
+            upper[:n] = torch.minimum(upper[:n], lens_cpu.to(upper.dtype) + cm.max_query_len)
+            changes["seq_lens_cpu_upper_bound"] = upper
+        return replace(cm, **changes)
+
+    def build(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
+        return self._inner.build(0, self._pooled(common_attn_metadata), *args, **kwargs)
+
+    def build_for_drafting(self, common_attn_metadata, draft_index):
+        return self._inner.build_for_drafting(self._pooled(common_attn_metadata), draft_index)
+
+
+def _capture_queries(layer, index: int, runtime: KVFlashRuntime) -> None:
+    impl = layer.impl
+    forward = impl.forward
+
+    def forward_observed(layer_, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs):
+        if attn_metadata is not None:
+            runtime.observe_queries(index, query[: attn_metadata.num_actual_tokens])
+        return forward(layer_, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
+
+    impl.forward = forward_observed
+
+
+def _bind_release(runner, runtime: KVFlashRuntime) -> None:
+    update_states = runner._update_states
+
+    def _update_states(scheduler_output, *args, **kwargs):
+        runtime.release(scheduler_output.finished_req_ids)
+        runtime.release(scheduler_output.preempted_req_ids or ())
+        return update_states(scheduler_output, *args, **kwargs)
+
+    runner._update_states = _update_states
+
+
+def _tp_reduce_max():
+    """MAX all-reduce over the tensor-parallel group, so QK residency decisions agree across ranks."""
+    try:
+        from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
+        if get_tensor_model_parallel_world_size() == 1:
+            return None
+    except Exception:  # no distributed state (unit tests)
+        return None
+    import torch.distributed as dist
+    from vllm.distributed import get_tp_group
+
+    del tensor_model_parallel_all_reduce
+
+    def reduce_max(t: torch.Tensor) -> torch.Tensor:
+        group = get_tp_group()
+        t = t.to(group.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group.device_group)
+        return t.cpu()
+
+    return reduce_max
