@@ -50,6 +50,11 @@ def build_llm(max_model_len: int, *, drafter: Path | None = None, num_spec: int 
                enable_prefix_caching=False, **kw)
 
 
+def engine_runner(llm):
+    """The in-process V1 model runner (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+
+
 def heldout_token_windows(tokenizer, count: int, length: int) -> list[list[int]]:
     ids: list[int] = []
     for f in heldout_files():

@@ -188,7 +188,10 @@ class RequestPager:
             self.last_used[chunk] = self.num_tokens
         loads: list[tuple[int, int]] = []
         self.decoded_since_reselect += decoded
-        if decoded and self.reselect_due():
+        # The first generated token also reselects: the prompt's last query (the question) has just
+        # been seen, and chunks evicted during a long prefill may be what it asks for.
+        first_decode = decoded > 0 and not self.stats.reselections
+        if decoded and (first_decode or self.reselect_due()):
             loads = self._reselect(policy)
         self._relayout(dict(loads))
         chunk = self.config.chunk_tokens

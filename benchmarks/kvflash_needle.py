@@ -1,0 +1,53 @@
+"""KVFlash needle retrieval with the trained fixture target through real vLLM (CPU): full KV vs
+pooled KV with each policy, at a fixed pool (so residency = pool / prompt length).
+
+    python -m benchmarks.kvflash_needle --tokens 2048 4096 --pool 512 --seeds 4 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from benchmarks import fidelity as F
+
+
+def run(label: str, additional_config: dict, tokens: list[int], seeds: int, max_len: int) -> list[dict]:
+    llm = F.build_llm(max_len, additional_config=additional_config)
+    rows = []
+    for n in tokens:
+        t0 = time.time()
+        result = F.needle_accuracy(llm, n, range(seeds))
+        result.update(config=label, seconds=round(time.time() - t0, 1))
+        rt = getattr(F.engine_runner(llm), "luce_kvflash", None)
+        if rt is not None:
+            result["kvflash"] = rt.stats()
+        print(json.dumps(result), flush=True)
+        rows.append(result)
+    del llm
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[2048, 4096])
+    ap.add_argument("--pool", type=int, default=512)
+    ap.add_argument("--policies", nargs="+", default=["lru", "qk"])
+    ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    max_len = max(args.tokens) + 64
+    rows = run("full KV", {}, args.tokens, args.seeds, max_len)
+    for policy in args.policies:
+        cfg = {"luce": {"kvflash": {"pool_tokens": args.pool, "policy": policy}}}
+        rows += run(f"pool {args.pool}, {policy}", cfg, args.tokens, args.seeds, max_len)
+    print(json.dumps(rows, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
