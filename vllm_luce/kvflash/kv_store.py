@@ -76,6 +76,15 @@ class PagedPoolStore:
         blocks, offsets = self._index(position)
         return torch.stack([v[self.layout.index(v, blocks, offsets)] for v in self.views])
 
+    def read_host(self, position: int) -> torch.Tensor:
+        """``read`` copied to host memory (pinned when the cache is on a GPU, for full copy bandwidth)."""
+        data = self.read(position)
+        if data.device.type == "cpu":
+            return data.clone()
+        host = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
+        host.copy_(data)
+        return host
+
     def write(self, position: int, data: torch.Tensor) -> None:
         blocks, offsets = self._index(position)
         for v, d in zip(self.views, data):

@@ -239,7 +239,9 @@ class RequestPager:
             self._page_out(candidates[i])
 
     def _page_out(self, chunk: int) -> None:
-        data = self.store.read(self.stored_at.pop(chunk)).detach().to("cpu", copy=True)
+        position = self.stored_at.pop(chunk)
+        read_host = getattr(self.store, "read_host", None)
+        data = read_host(position) if read_host else self.store.read(position).detach().to("cpu", copy=True)
         self.host[chunk] = data
         self.resident.remove(chunk)
         self.stats.page_outs += 1

@@ -1,0 +1,68 @@
+"""GPU: KVFlash paging throughput in vLLM's KV cache layout vs pinned-copy bandwidth, one run.
+
+    python3 benchmarks/kvflash_paging.py --json kvflash_paging.json
+
+A Qwen3-8B-shaped model pools 36 full-attention layers (8 KV heads, head dim 128, bf16) in the
+FlashAttention layout ``[2, blocks, 16, heads, dim]``. One 64-token chunk is 9.4 MB over all
+layers. Measured through ``PagedPoolStore`` (what the worker runs):
+* ``page_out``: gather the chunk from every layer, copy to pinned host memory;
+* ``page_in``: copy host bytes back and scatter them into another pool position;
+* ``move``: relocate a chunk inside the pool (compaction), all layers;
+against ``torch`` copies of the same byte count between pinned host and device memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script path
+from benchmarks.gpu_timing import timed  # noqa: E402
+from vllm_luce.kvflash.kv_store import NHD_LAYOUT, PagedPoolStore  # noqa: E402
+
+LAYERS, HKV, D, BLOCK, CHUNK = 36, 8, 128, 16, 64
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--blocks", type=int, default=4096)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    dev = torch.device("cuda")
+    caches = [torch.randn(2, args.blocks, BLOCK, HKV, D, device=dev, dtype=torch.bfloat16) for _ in range(LAYERS)]
+    store = PagedPoolStore(caches, NHD_LAYOUT, D, BLOCK, CHUNK)
+    store.row = np.random.default_rng(0).permutation(args.blocks)[:256]  # a 4K-token pool, scattered blocks
+    chunk_bytes = LAYERS * 2 * CHUNK * HKV * D * 2
+    host = store.read_host(3)
+    assert torch.equal(host.to(dev), store.read(3))
+    pinned = torch.empty(chunk_bytes // 2, dtype=torch.bfloat16, pin_memory=True)
+    flat = torch.empty_like(pinned, device=dev)
+    t = {
+        "page_out": timed(lambda: store.read_host(5), args.reps),
+        "page_in": timed(lambda: store.write(7, host), args.reps),
+        "move": timed(lambda: store.rearrange([(9, 11)], []), args.reps),
+        "pinned_d2h": timed(lambda: pinned.copy_(flat), args.reps),
+        "pinned_h2d": timed(lambda: flat.copy_(pinned, non_blocking=True), args.reps),
+    }
+    store.write(7, host)
+    assert torch.equal(store.read(7), store.read(3))  # page-in lands bit-exact
+    gbps = {k: round(chunk_bytes / (v * 1e-3) / 1e9, 2) for k, v in t.items()}
+    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+              "chunk_mb": round(chunk_bytes / 1e6, 2), "ms": {k: round(v, 4) for k, v in t.items()}, "GB_per_s": gbps,
+              "page_out_vs_pinned_d2h": round(gbps["page_out"] / gbps["pinned_d2h"], 3),
+              "page_in_vs_pinned_h2d": round(gbps["page_in"] / gbps["pinned_h2d"], 3)}
+    print(json.dumps(result, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
