@@ -145,6 +145,18 @@ LEDGER += (
         remove_when="vLLM offers a worker-side hook for custom KV cache specs to own slot mapping and "
                     "attention metadata (as CircularBufferSpec's in-tree users do).",
     ),
+    LedgerEntry(
+        target="vllm.v1.worker.gpu.model_runner:GPUModelRunner.initialize_kv_cache",
+        signature="(self, kv_cache_config: vllm.v1.kv_cache_interface.KVCacheConfig, is_profiling: bool = False, "
+                  "kv_cache_allocation_context: contextlib.AbstractContextManager | None = None) -> None",
+        module="vllm_luce.patches.gpu_v2_model_runner_kv_cache",
+        why="The same as for V1, for Model Runner V2 (the GPU default in vLLM 0.33): KVFlash must bind to "
+            "the runner's block tables, attention groups and request states once they exist.",
+        how="Wraps V2's initialize_kv_cache: afterwards kvflash.worker_v2.bind_v2 binds (instance attributes "
+            "only: BlockTables.append_block_ids and compute_slot_mappings, the pooled group's metadata "
+            "builders, the pooled layers' impl.forward, finish_requests). Untested end to end (no GPU vLLM).",
+        remove_when="As for V1: a worker-side hook for custom KV cache specs.",
+    ),
 )
 
 
@@ -237,9 +249,10 @@ def when_imported(module_name: str, callback: Callable[[], object]) -> None:
 
 def apply_patches() -> None:
     from vllm_luce.patches import (cpu_gdn_spec, cpu_rms_norm, dflash_proposer, engine_args, gpu_model_runner,
-                                   gpu_model_runner_kv_cache, vllm_config)
+                                   gpu_model_runner_kv_cache, gpu_v2_model_runner_kv_cache, vllm_config)
 
     vllm_config.apply()
     engine_args.apply()
-    for module in (cpu_gdn_spec, cpu_rms_norm, gpu_model_runner, gpu_model_runner_kv_cache, dflash_proposer):
+    for module in (cpu_gdn_spec, cpu_rms_norm, gpu_model_runner, gpu_model_runner_kv_cache,
+                   gpu_v2_model_runner_kv_cache, dflash_proposer):
         when_imported(module.TARGET.split(":")[0], module.apply)

@@ -1,0 +1,99 @@
+"""KVFlash's Model Runner V2 binding against V2's interfaces, with stand-in runner objects (V2 needs a
+GPU and vLLM together, which no machine here has). Checks: signatures of the V2 methods bound,
+pooled-group slot mapping from the pagers (other groups untouched), bounded residency inside the
+request's own blocks, resident seq_lens for the builders, releases through finish_requests."""
+
+import inspect
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from vllm_luce.config import LuceConfig
+
+BS, H, D, POOL = 128, 2, 32, 384
+
+
+def test_v2_signatures_are_the_ones_bound():
+    from vllm.v1.worker.gpu.block_table import BlockTables
+    from vllm.v1.worker.gpu.model_runner import GPUModelRunner
+
+    assert str(inspect.signature(BlockTables.compute_slot_mappings)) == (
+        "(self, idx_mapping: torch.Tensor, query_start_loc: torch.Tensor, positions: torch.Tensor, "
+        "num_tokens_padded: int, out: torch.Tensor | None = None) -> torch.Tensor")
+    assert str(inspect.signature(BlockTables.append_block_ids)) == (
+        "(self, req_index: int, new_block_ids: tuple[list[int], ...], overwrite: bool) -> None")
+    assert "scheduler_output" in inspect.signature(GPUModelRunner.finish_requests).parameters
+
+
+class FakeBlockTables:
+    def __init__(self):
+        self.block_sizes, self.max_num_reqs = [BS, BS], 4
+        self.appended = []
+
+    def append_block_ids(self, req_index, new_block_ids, overwrite):
+        self.appended.append((req_index, new_block_ids, overwrite))
+
+    def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, num_tokens_padded, out=None):
+        return torch.full((2, num_tokens_padded), 7, dtype=torch.int64)  # V2's own result: "7" everywhere
+
+
+def fake_runner():
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    from vllm_luce.kvflash.spec import KVFlashSpec
+
+    full = FullAttentionSpec(block_size=BS, num_kv_heads=H, head_size=D, dtype=torch.bfloat16)
+    groups = [KVCacheGroupSpec(["sliding"], full), KVCacheGroupSpec(["pooled"], KVFlashSpec.from_full_attention(full, POOL))]
+    cache = torch.zeros(16, H, BS, 2 * D, dtype=torch.bfloat16)  # CPU layout
+    layer = SimpleNamespace(kv_cache=cache, impl=SimpleNamespace(forward=lambda *a, **k: None))
+    builder = SimpleNamespace(build=lambda prefix, cm, *a, **k: cm)
+    backend = SimpleNamespace(get_name=lambda: "CPU_ATTN")
+    finished = []
+    runner = SimpleNamespace(
+        kv_cache_config=KVCacheConfig(num_blocks=16, kv_cache_tensors=[], kv_cache_groups=groups),
+        compilation_config=SimpleNamespace(static_forward_context={"pooled": layer}),
+        block_tables=FakeBlockTables(),
+        attn_groups=[[], [SimpleNamespace(backend=backend, metadata_builders=[builder])]],
+        req_states=SimpleNamespace(index_to_req_id={2: "r"}, req_id_to_index={"r": 2},
+                                   prompt_len=SimpleNamespace(np=np.array([0, 0, 4000, 0]))),
+        finish_requests=lambda out: finished.append(out),
+    )
+    return runner, finished
+
+
+def step(runner, start, n):
+    return runner.block_tables.compute_slot_mappings(
+        torch.tensor([2]), torch.tensor([0, n], dtype=torch.int32), torch.arange(start, start + n), n)
+
+
+def test_v2_binding_maps_pooled_slots_inside_the_request_blocks_and_releases():
+    from vllm_luce.kvflash.worker_v2 import bind_v2
+
+    runner, finished = fake_runner()
+    luce = LuceConfig.from_sources({"luce": {"kvflash": {"pool_tokens": POOL, "policy": "lru"}}}, {})
+    runtime = bind_v2(runner, luce)
+    runner.block_tables.append_block_ids(2, ([1], [9, 4, 12]), overwrite=False)  # pooled: 3 blocks of 128
+    first = step(runner, 0, 200)
+    assert torch.equal(first[0], torch.full((200,), 7))  # the other group keeps V2's slots
+    expected = [9 * BS + p if p < BS else 4 * BS + p - BS for p in range(200)]
+    assert first[1].tolist() == expected
+    for start in range(200, 1000, 100):  # far past the pool: residency stays bounded
+        slots = step(runner, start, 100)[1]
+        assert set((slots // BS).tolist()) <= {9, 4, 12}
+    pager = runtime.pagers["r"]
+    assert len(pager.resident) * 64 <= POOL and pager.host
+    assert int(runtime.resident_lens[0]) == pager.resident_tokens() <= POOL
+    @dataclass
+    class CM:
+        num_reqs: int
+        seq_lens: torch.Tensor
+        max_seq_len: int
+        max_query_len: int
+        seq_lens_cpu_upper_bound: object = None
+
+    built = runner.attn_groups[1][0].metadata_builders[0].build(0, CM(1, torch.tensor([1000]), 1000, 100))
+    assert built.seq_lens.tolist() == [pager.resident_tokens()] and built.max_seq_len == pager.resident_tokens()
+    runner.finish_requests(SimpleNamespace(finished_req_ids={"r"}, preempted_req_ids=None))
+    assert finished and not runtime.pagers and runtime.released.page_outs > 0

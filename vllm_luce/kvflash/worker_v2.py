@@ -1,0 +1,88 @@
+"""KVFlash bound to vLLM's Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py``, the GPU default
+in 0.33). Same ``KVFlashRuntime`` as V1; V2's objects differ:
+
+* block ids arrive through ``BlockTables.append_block_ids(req_index, new_block_ids, overwrite)``
+  (staged for the GPU); the pooled group's rows are mirrored here on the host for the pagers;
+* ``BlockTables.compute_slot_mappings`` returns ``[groups, tokens]``; the pooled group's row is
+  replaced by the pagers' slots (rows are batch order through ``idx_mapping``);
+* finished and preempted requests come through ``finish_requests(scheduler_output)``.
+Attention metadata builders and query capture are bound as in V1.
+
+Not run end to end here: V2 needs a GPU and vLLM (the lent GPUs have no vLLM). Tested against
+V2's interfaces with stand-in objects (tests/kvflash/test_worker_v2.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vllm_luce.kvflash.settings import pager_config_from
+from vllm_luce.kvflash.worker import (KVFlashRuntime, _capture_queries, _PooledBuilder, _tp_reduce_max,
+                                      kvflash_groups, layout_for_backend)
+from vllm_luce.log import logger, tag
+
+
+def bind_v2(runner, luce) -> KVFlashRuntime | None:
+    groups = kvflash_groups(runner.kv_cache_config)
+    if not groups:
+        return None
+    if len(groups) > 1:
+        raise NotImplementedError(f"KVFlash: {len(groups)} pooled KV cache groups; one is supported")
+    gid = groups[0]
+    group = runner.kv_cache_config.kv_cache_groups[gid]
+    forward_context = runner.compilation_config.static_forward_context
+    caches = [forward_context[name].kv_cache for name in group.layer_names]
+    caches = [c[0] if isinstance(c, list) else c for c in caches]
+    block_tables = runner.block_tables
+    runtime = KVFlashRuntime(pager_config_from(luce.kvflash), luce.kvflash.policy, caches,
+                             layout_for_backend(runner.attn_groups[gid][0].backend.get_name()),
+                             group.kv_cache_spec.head_size, block_tables.block_sizes[gid],
+                             block_tables.max_num_reqs, reduce_max=_tp_reduce_max())
+    rows: dict[int, list[int]] = {}
+    append_block_ids = block_tables.append_block_ids
+
+    def append_block_ids_mirrored(req_index, new_block_ids, overwrite):
+        append_block_ids(req_index, new_block_ids, overwrite)
+        row = [] if overwrite else rows.get(req_index, [])
+        rows[req_index] = row + list(new_block_ids[gid])
+
+    compute_slot_mappings = block_tables.compute_slot_mappings
+
+    def compute_slot_mappings_pooled(idx_mapping, query_start_loc, positions, num_tokens_padded, out=None):
+        slot_mappings = compute_slot_mappings(idx_mapping, query_start_loc, positions, num_tokens_padded, out)
+        req_indices = idx_mapping.cpu().numpy()
+        req_ids = [runner.req_states.index_to_req_id[int(i)] for i in req_indices]
+        width = max((len(rows.get(int(i), ())) for i in req_indices), default=0)
+        table = np.zeros((len(req_indices), max(width, 1)), dtype=np.int64)
+        counts = np.zeros(len(req_indices), dtype=np.int64)
+        for r, i in enumerate(req_indices):
+            row = rows.get(int(i), [])
+            table[r, : len(row)], counts[r] = row, len(row)
+        slots = runtime.plan(req_ids, query_start_loc.cpu().numpy(), positions.cpu().numpy(), table, counts,
+                             runner.req_states.prompt_len.np[req_indices])
+        slot_mappings[gid, : len(slots)] = torch.from_numpy(slots).to(slot_mappings.device)
+        return slot_mappings
+
+    finish_requests = runner.finish_requests
+
+    def finish_requests_releasing(scheduler_output):
+        runtime.release(scheduler_output.finished_req_ids)
+        runtime.release(scheduler_output.preempted_req_ids or ())
+        for req_id in set(scheduler_output.finished_req_ids) | set(scheduler_output.preempted_req_ids or ()):
+            index = runner.req_states.req_id_to_index.get(req_id)
+            if index is not None:
+                rows.pop(index, None)
+        return finish_requests(scheduler_output)
+
+    block_tables.append_block_ids = append_block_ids_mirrored
+    block_tables.compute_slot_mappings = compute_slot_mappings_pooled
+    runner.finish_requests = finish_requests_releasing
+    for attn_group in runner.attn_groups[gid]:
+        attn_group.metadata_builders = [_PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
+    for index, name in enumerate(group.layer_names):
+        _capture_queries(forward_context[name], index, runtime)
+    runner.luce_kvflash = runtime
+    logger.info("%s: KVFlash (Model Runner V2) on %d layers, pool %d tokens", tag(), len(group.layer_names),
+                runtime.config.pool_tokens)
+    return runtime
