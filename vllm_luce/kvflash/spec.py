@@ -46,6 +46,10 @@ class KVFlashSpec(FullAttentionSpec):
 
     @classmethod
     def merge(cls, specs: list["KVFlashSpec"]) -> "KVFlashSpec":
+        # vLLM groups layers by trying merges and catching ValueError: pooled layers never share a
+        # group with unpooled ones (a DFlash drafter's full attention, for one).
+        if not all(isinstance(spec, KVFlashSpec) for spec in specs):
+            raise ValueError("KVFlash layers are grouped only with KVFlash layers")
         pools = {spec.pool_tokens for spec in specs}
         if len(pools) != 1:
             raise ValueError(f"KVFlash layers of one KV cache group have different pools: {sorted(pools)}")

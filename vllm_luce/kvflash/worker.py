@@ -117,14 +117,20 @@ def kvflash_groups(kv_cache_config) -> list[int]:
     return [gid for gid, g in enumerate(kv_cache_config.kv_cache_groups) if isinstance(g.kv_cache_spec, KVFlashSpec)]
 
 
+def pooled_group(kv_cache_config) -> int:
+    """The one KV cache group of KVFlash layers. None at all means the layers were merged into another
+    group or the model has no Luce executor: KVFlash would silently do nothing, so that stops startup."""
+    groups = kvflash_groups(kv_cache_config)
+    if len(groups) != 1:
+        raise RuntimeError(f"luce.kvflash: expected one KV cache group of pooled full-attention layers, found "
+                           f"{len(groups)}. KVFlash needs a model served by a vllm-luce executor (Qwen3.5/3.6, "
+                           "Gemma 4, Laguna) with VLLM_LUCE_EXECUTORS not off")
+    return groups[0]
+
+
 def bind_v1(runner, luce) -> KVFlashRuntime | None:
     """Attach KVFlash to a V1 GPUModelRunner (or CPUModelRunner) after initialize_kv_cache."""
-    groups = kvflash_groups(runner.kv_cache_config)
-    if not groups:
-        return None
-    if len(groups) > 1:
-        raise NotImplementedError(f"KVFlash: {len(groups)} pooled KV cache groups; one is supported")
-    gid = groups[0]
+    gid = pooled_group(runner.kv_cache_config)
     group = runner.kv_cache_config.kv_cache_groups[gid]
     spec = group.kv_cache_spec
     attn_groups = runner.attn_groups[gid]

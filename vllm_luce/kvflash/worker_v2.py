@@ -19,17 +19,12 @@ import torch
 
 from vllm_luce.kvflash.settings import pager_config_from
 from vllm_luce.kvflash.worker import (KVFlashRuntime, _capture_queries, _PooledBuilder, _tp_reduce_max,
-                                      kvflash_groups, layout_for_backend)
+                                      layout_for_backend, pooled_group)
 from vllm_luce.log import logger, tag
 
 
 def bind_v2(runner, luce) -> KVFlashRuntime | None:
-    groups = kvflash_groups(runner.kv_cache_config)
-    if not groups:
-        return None
-    if len(groups) > 1:
-        raise NotImplementedError(f"KVFlash: {len(groups)} pooled KV cache groups; one is supported")
-    gid = groups[0]
+    gid = pooled_group(runner.kv_cache_config)
     group = runner.kv_cache_config.kv_cache_groups[gid]
     forward_context = runner.compilation_config.static_forward_context
     caches = [forward_context[name].kv_cache for name in group.layer_names]
