@@ -27,6 +27,7 @@ for _k, _v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": 
                "VLLM_HOST_IP": "127.0.0.1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
     os.environ.setdefault(_k, _v)
 
+from benchmarks import report  # noqa: E402
 from tests.fixtures import needle as N  # noqa: E402
 from tests.fixtures.trained import heldout_files, trained_model  # noqa: E402
 
@@ -185,10 +186,7 @@ def main(argv=None) -> int:
                          additional_config=EVERY_DRAFT_VERIFIED)
         results["acceptance"] = acceptance(spec, code_prompts(spec.get_tokenizer(), args.code_prompts), args.gen_tokens)
     results["wall_s"] = round(time.time() - t0, 1)
-    print(json.dumps(results, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
-    return 0
+    return report(results, args.json)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import random
 import time
 from pathlib import Path
 
-from benchmarks import fidelity as F
+from benchmarks import fidelity as F, report
 
 
 def timed(llm, prompt: list[int], max_tokens: int) -> float:
@@ -57,10 +57,7 @@ def main(argv=None) -> int:
                           "ratio_to_shortest": {n: round(v / shortest, 3) for n, v in row.items()}}
         print(json.dumps({label: results[label]}), flush=True)
         del llm
-    print(json.dumps(results, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
-    return 0
+    return report(results, args.json)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks import fidelity as F
+from benchmarks import fidelity as F, report
 
 
 def run(label: str, additional_config: dict, tokens: list[int], seeds: int, max_len: int) -> list[dict]:
@@ -43,10 +43,7 @@ def main(argv=None) -> int:
     for policy in args.policies:
         cfg = {"luce": {"kvflash": {"pool_tokens": args.pool, "policy": policy}}}
         rows += run(f"pool {args.pool}, {policy}", cfg, args.tokens, args.seeds, max_len)
-    print(json.dumps(rows, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
-    return 0
+    return report(rows, args.json)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ against ``torch`` copies of the same byte count between pinned host and device m
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script path
+from benchmarks import report  # noqa: E402
 from benchmarks.gpu_timing import timed  # noqa: E402
 from vllm_luce.kvflash.kv_store import NHD_LAYOUT, PagedPoolStore  # noqa: E402
 
@@ -58,10 +58,7 @@ def main(argv=None) -> int:
               "chunk_mb": round(chunk_bytes / 1e6, 2), "ms": {k: round(v, 4) for k, v in t.items()}, "GB_per_s": gbps,
               "page_out_vs_pinned_d2h": round(gbps["page_out"] / gbps["pinned_d2h"], 3),
               "page_in_vs_pinned_h2d": round(gbps["page_in"] / gbps["pinned_h2d"], 3)}
-    print(json.dumps(result, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+    return report(result, args.json)
 
 
 if __name__ == "__main__":

@@ -128,7 +128,7 @@ def pooled_group(kv_cache_config) -> int:
     return groups[0]
 
 
-def bind_v1(runner, luce) -> KVFlashRuntime | None:
+def bind_v1(runner, luce) -> KVFlashRuntime:
     """Attach KVFlash to a V1 GPUModelRunner (or CPUModelRunner) after initialize_kv_cache."""
     gid = pooled_group(runner.kv_cache_config)
     group = runner.kv_cache_config.kv_cache_groups[gid]
@@ -224,15 +224,13 @@ def _bind_release(runner, runtime: KVFlashRuntime) -> None:
 def _tp_reduce_max():
     """MAX all-reduce over the tensor-parallel group, so QK residency decisions agree across ranks."""
     try:
-        from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
+        from vllm.distributed import get_tensor_model_parallel_world_size
         if get_tensor_model_parallel_world_size() == 1:
             return None
     except Exception:  # no distributed state (unit tests)
         return None
     import torch.distributed as dist
     from vllm.distributed import get_tp_group
-
-    del tensor_model_parallel_all_reduce
 
     def reduce_max(t: torch.Tensor) -> torch.Tensor:
         group = get_tp_group()

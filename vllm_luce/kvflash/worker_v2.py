@@ -23,7 +23,7 @@ from vllm_luce.kvflash.worker import (KVFlashRuntime, _capture_queries, _PooledB
 from vllm_luce.log import logger, tag
 
 
-def bind_v2(runner, luce) -> KVFlashRuntime | None:
+def bind_v2(runner, luce) -> KVFlashRuntime:
     gid = pooled_group(runner.kv_cache_config)
     group = runner.kv_cache_config.kv_cache_groups[gid]
     forward_context = runner.compilation_config.static_forward_context

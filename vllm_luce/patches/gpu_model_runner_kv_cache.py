@@ -1,30 +1,39 @@
-"""Patch: bind KVFlash to V1's model runner once its KV cache exists (see LEDGER)."""
+"""Patch: bind KVFlash to V1's model runner once its KV cache exists (see LEDGER).
+``binding_wrapper`` also serves Model Runner V2 (``gpu_v2_model_runner_kv_cache``)."""
 
 from __future__ import annotations
 
 import functools
+import importlib
 
 from vllm_luce.patches import ledger_signature, wrap_method
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"
 
 
-def _make_wrapper(original):
-    @functools.wraps(original)
-    def initialize_kv_cache(self, kv_cache_config, is_profiling: bool = False, kv_cache_allocation_context=None):
-        original(self, kv_cache_config, is_profiling, kv_cache_allocation_context)
-        from vllm_luce.config import LuceConfig
+def binding_wrapper(bind: str):
+    """A wrapper factory for initialize_kv_cache that, after vLLM's code and with luce.kvflash on,
+    calls ``bind(runner, luce)``; ``bind`` is "module:function", imported only then."""
 
-        luce = LuceConfig.from_vllm_config(self.vllm_config)
-        if luce.kvflash.enabled:
-            from vllm_luce.kvflash.worker import bind_v1
+    def make(original):
+        @functools.wraps(original)
+        def initialize_kv_cache(self, kv_cache_config, is_profiling: bool = False,
+                                kv_cache_allocation_context=None):
+            original(self, kv_cache_config, is_profiling, kv_cache_allocation_context)
+            from vllm_luce.config import LuceConfig
 
-            bind_v1(self, luce)
+            luce = LuceConfig.from_vllm_config(self.vllm_config)
+            if luce.kvflash.enabled:
+                module, function = bind.split(":")
+                getattr(importlib.import_module(module), function)(self, luce)
 
-    return initialize_kv_cache
+        return initialize_kv_cache
+
+    return make
 
 
 def apply() -> bool:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    return wrap_method(GPUModelRunner, "initialize_kv_cache", ledger_signature(TARGET), _make_wrapper)
+    return wrap_method(GPUModelRunner, "initialize_kv_cache", ledger_signature(TARGET),
+                       binding_wrapper("vllm_luce.kvflash.worker:bind_v1"))
