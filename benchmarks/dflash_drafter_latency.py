@@ -25,14 +25,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script path
-from benchmarks.gpu_timing import copy_bandwidth, timed  # noqa: E402
+from benchmarks import report  # noqa: E402
+from benchmarks.gpu_timing import copy_bandwidth, device_info, timed  # noqa: E402
 
 HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, MLP, VOCAB, BLOCK, TAPS = 4096, 5, 32, 8, 128, 12288, 151_936, 16, 5
 TARGET_PARAMS = 8.19e9  # Qwen3-8B
@@ -116,14 +116,11 @@ def main() -> int:
                      "floor_ms": round(floor_ms, 4), "drafter_over_floor": round(fast / floor_ms, 3),
                      "graphed_over_floor": round(graphed / floor_ms, 3)})
         print(json.dumps(rows[-1]), flush=True)
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_GBps": round(bw / 1e9),
+    result = {**device_info(), "copy_bandwidth_GBps": round(bw / 1e9),
               "target_decode_floor_ms": round(floor_ms, 4), "new_tokens": args.new_tokens, "rows": rows,
               "shape": {"hidden": HIDDEN, "layers": LAYERS, "heads": HEADS, "kv_heads": KV_HEADS, "mlp": MLP,
-                        "vocab": VOCAB, "block": BLOCK, "taps": TAPS}, "date": time.strftime("%Y-%m-%d")}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0
+                        "vocab": VOCAB, "block": BLOCK, "taps": TAPS}}
+    return report(result, args.json)
 
 
 if __name__ == "__main__":

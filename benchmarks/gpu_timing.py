@@ -19,6 +19,13 @@ def timed(fn, reps: int, warmup: int = 3) -> float:
     return start.elapsed_time(end) / reps
 
 
+def device_info() -> dict:
+    """The header every GPU benchmark's JSON starts with: device, torch version and date."""
+    import time
+
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
+
+
 def copy_bandwidth(device="cuda") -> float:
     """Bytes per second of a 1 GiB device-to-device copy (read + write)."""
     x = torch.empty(1 << 30, dtype=torch.uint8, device=device)

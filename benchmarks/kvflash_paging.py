@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script path
 from benchmarks import report  # noqa: E402
-from benchmarks.gpu_timing import timed  # noqa: E402
+from benchmarks.gpu_timing import device_info, timed  # noqa: E402
 from vllm_luce.kvflash.kv_store import NHD_LAYOUT, PagedPoolStore  # noqa: E402
 
 LAYERS, HKV, D, BLOCK, CHUNK = 36, 8, 128, 16, 64
@@ -54,7 +53,7 @@ def main(argv=None) -> int:
     store.write(7, host)
     assert torch.equal(store.read(7), store.read(3))  # page-in lands bit-exact
     gbps = {k: round(chunk_bytes / (v * 1e-3) / 1e9, 2) for k, v in t.items()}
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"),
+    result = {**device_info(),
               "chunk_mb": round(chunk_bytes / 1e6, 2), "ms": {k: round(v, 4) for k, v in t.items()}, "GB_per_s": gbps,
               "page_out_vs_pinned_d2h": round(gbps["page_out"] / gbps["pinned_d2h"], 3),
               "page_in_vs_pinned_h2d": round(gbps["page_in"] / gbps["pinned_h2d"], 3)}

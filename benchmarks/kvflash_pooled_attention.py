@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script path
-from benchmarks.gpu_timing import copy_bandwidth, timed  # noqa: E402
+from benchmarks import report  # noqa: E402
+from benchmarks.gpu_timing import copy_bandwidth, device_info, timed  # noqa: E402
 from vllm_luce.kernels.pooled_attention import pooled_attention  # noqa: E402
 
 HQ, HKV, D, CHUNK = 32, 8, 128, 64
@@ -76,13 +76,8 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row), flush=True)
             torch.cuda.empty_cache()
-    result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-              "copy_bandwidth_GBps": round(bw / 1e9), "pool_tokens": args.pool, "rows": rows,
-              "date": time.strftime("%Y-%m-%d")}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
-    return 0
+    result = {**device_info(), "copy_bandwidth_GBps": round(bw / 1e9), "pool_tokens": args.pool, "rows": rows}
+    return report(result, args.json)
 
 
 if __name__ == "__main__":

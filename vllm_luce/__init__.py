@@ -34,9 +34,6 @@ def register() -> None:
     executors_description = register_executors()
     register_drafters()
     apply_patches()
-    from vllm_luce.kvflash.spec import register_kv_cache_spec
-
-    register_kv_cache_spec()  # the scheduler may live in another process than the model
     _registered = True
     # Visible in the engine core and workers; the API server configures logging only after this
     # runs, so there the VllmConfig patch logs the same facts with the active features.

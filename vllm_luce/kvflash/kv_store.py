@@ -34,7 +34,7 @@ class TokenLayout:
             return cache.view(blocks, heads, 2, block, head_size)
         return cache
 
-    def index(self, view: torch.Tensor, blocks: torch.Tensor, offsets: torch.Tensor):
+    def index(self, blocks: torch.Tensor, offsets: torch.Tensor):
         """Index tuple selecting the given tokens; the result has tokens first for ``cpu`` and second
         (after K/V) for ``nhd``."""
         if self.name == "cpu":
@@ -72,9 +72,13 @@ class PagedPoolStore:
         device = self.views[0].device
         return (slots // self.cache_block_size).to(device), (slots % self.cache_block_size).to(device)
 
+    def _tokens(self, position: int) -> list[torch.Tensor]:
+        """Each layer's K and V of the chunk at ``position``, in the layout's token form."""
+        index = self.layout.index(*self._index(position))
+        return [v[index] for v in self.views]
+
     def read(self, position: int) -> torch.Tensor:
-        blocks, offsets = self._index(position)
-        return torch.stack([v[self.layout.index(v, blocks, offsets)] for v in self.views])
+        return torch.stack(self._tokens(position))
 
     def read_host(self, position: int) -> torch.Tensor:
         """``read`` copied to host memory (pinned when the cache is on a GPU, for full copy bandwidth)."""
@@ -86,9 +90,9 @@ class PagedPoolStore:
         return host
 
     def write(self, position: int, data: torch.Tensor) -> None:
-        blocks, offsets = self._index(position)
+        index = self.layout.index(*self._index(position))
         for v, d in zip(self.views, data):
-            v[self.layout.index(v, blocks, offsets)] = d.to(v.device, non_blocking=True)
+            v[index] = d.to(v.device, non_blocking=True)
 
     def rearrange(self, moves, loads) -> None:
         staged = [(dst, self.read(src)) for dst, src in moves]  # read everything before writing
@@ -97,6 +101,4 @@ class PagedPoolStore:
 
     def summarize(self, position: int) -> torch.Tensor:
         """[layers, kv_heads, head]: mean of the chunk's post-RoPE keys per KV head."""
-        blocks, offsets = self._index(position)
-        return torch.stack([self.layout.keys(v[self.layout.index(v, blocks, offsets)]).float().mean(0)
-                            for v in self.views])
+        return torch.stack([self.layout.keys(t).float().mean(0) for t in self._tokens(position)])

@@ -79,9 +79,6 @@ class Scorer:
         return torch.as_tensor(self.score_chunks(pager, chunks), dtype=torch.float32)
 
 
-POLICIES = {"lru": LRU, "qk": QK}
-
-
 def make_policy(name: str, scorer: Callable | None = None, reduce_max=None):
     if name == "lru":
         return LRU()

@@ -7,6 +7,7 @@ more. The scheduler's startup check (``max_memory_usage_bytes``) and its admissi
 the pool, not the context, so prompts far beyond the KV budget are admitted. Where tokens go inside
 those blocks is the worker's business (``worker.py``: a compacted pool, see ``pager.py``).
 Prefix caching is off for these layers: a block's content depends on paging, not on the prefix.
+Importing this module registers the spec.
 """
 
 from __future__ import annotations
@@ -94,11 +95,15 @@ class KVFlashManager(FullAttentionManager):
         return 0
 
 
-def register_kv_cache_spec() -> None:
-    """Idempotent. vLLM fills its built-in registrations only while the registry is empty, so they
-    are made first; then KVFlashSpec joins as its own group type (never merged with plain full
-    attention, e.g. a drafter's layers)."""
+def _register() -> None:
+    """vLLM fills its built-in registrations only while the registry is empty, so they are made first;
+    then KVFlashSpec joins as its own group type (never merged with plain full attention)."""
     from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
     KVCacheSpecRegistry._ensure_registered()
     KVCacheSpecRegistry.register(KVFlashSpec, KVFlashManager, uniform_type_base_spec=KVFlashSpec)
+
+
+# At import: any process holding a KVFlashSpec (the model's, or the scheduler's after unpickling the
+# workers' specs) has imported this module, and processes without KVFlash never pay for it.
+_register()

@@ -38,9 +38,7 @@ def pool_full_attention(model, plan: LayerPlan, luce: LuceConfig) -> None:
     """KVFlash: the full-attention layers that own their KV declare a KVFlashSpec (a per-request
     pool); sliding-window, KV-sharing and Gated DeltaNet layers keep vLLM's own specs."""
     from vllm_luce.kvflash.settings import pager_config_from
-    from vllm_luce.kvflash.spec import KVFlashSpec, register_kv_cache_spec
-
-    register_kv_cache_spec()
+    from vllm_luce.kvflash.spec import KVFlashSpec
     pool_tokens = pager_config_from(luce.kvflash).pool_tokens
     modules = dict(model.named_modules())
     for info in plan.full_attention:
