@@ -46,6 +46,16 @@ def _power_of_two(lo: int, hi: int) -> Callable[[Any], bool]:
     return lambda v: lo <= v <= hi and v & (v - 1) == 0
 
 
+def _keep_curve(value: Any) -> bool:
+    try:
+        points = [(int(t), float(r)) for t, r in value]
+    except (TypeError, ValueError):
+        return False
+    ok_types = all(isinstance(t, int) and not isinstance(t, bool) for t, _ in value)
+    return ok_types and all(0.0 < r <= 1.0 for _, r in points) and all(
+        a[0] < b[0] for a, b in zip(points, points[1:]))
+
+
 # Section -> key -> Key. Sections are the features; `enabled` is implicit in every section.
 SCHEMA: dict[str, dict[str, Key]] = {
     # On by default whenever vLLM speculates with method "dflash" (`--speculative-model dflash`);
@@ -64,15 +74,30 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "policy": Key("qk", str, "one of 'lru', 'qk', 'scorer'", lambda v: v in ("lru", "qk", "scorer")),
     },
     "pflash": {
-        "drafter": Key("", str, "a path to a safetensors causal LM", lambda v: len(v) > 0),
+        "drafter": Key("", str, "a path to a Hugging Face causal LM directory (config.json + safetensors)",
+                       lambda v: len(v) > 0),
         "keep_ratio": Key(0.05, (int, float), "a number in (0, 1]", lambda v: 0.0 < v <= 1.0),
+        "keep_curve": Key([], list, "a list of [prompt_tokens, keep_ratio] pairs, prompt_tokens increasing, "
+                          "ratios in (0, 1]", _keep_curve),
         "min_prompt_tokens": Key(4096, int, "an integer >= 1", lambda v: v >= 1),
+        "chunk_tokens": Key(32, int, "an integer in [1, 4096]", lambda v: 1 <= v <= 4096),
+        "head_chunks": Key(8, int, "an integer >= 0", lambda v: v >= 0),
+        "tail_chunks": Key(24, int, "an integer >= 1", lambda v: v >= 1),
+        "anchors": Key(True, bool, "true or false"),
+        "lookahead_tokens": Key(8, int, "an integer in [1, 256]", lambda v: 1 <= v <= 256),
+        "pool_kernel": Key(13, int, "an odd integer >= 1", lambda v: v >= 1 and v % 2 == 1),
+        "pre_rope": Key(True, bool, "true or false"),
+        "early_exit_layers": Key(0, int, "an integer >= 0 (0: every layer)", lambda v: v >= 0),
+        "attention": Key("auto", str, "one of 'auto', 'dense', 'sparse'", lambda v: v in ("auto", "dense", "sparse")),
+        "sparse_alpha": Key(0.12, (int, float), "a number in [0, 1]", lambda v: 0.0 <= v <= 1.0),
+        "dtype": Key("auto", str, "one of 'auto', 'bfloat16', 'float16', 'float32'",
+                     lambda v: v in ("auto", "bfloat16", "float16", "float32")),
     },
 }
 
 # Features whose implementation has landed. Enabling any other section stops startup:
 # accepting a setting that does nothing would be worse than refusing it.
-AVAILABLE_FEATURES: frozenset[str] = frozenset({"dflash", "kvflash"})
+AVAILABLE_FEATURES: frozenset[str] = frozenset({"dflash", "kvflash", "pflash"})
 # Features on by default when what they improve is in use (here: DFlash speculation).
 DEFAULT_ON_WHEN_USED: frozenset[str] = frozenset({"dflash"})
 

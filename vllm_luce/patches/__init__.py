@@ -141,7 +141,9 @@ LEDGER += (
         how="Wraps initialize_kv_cache (the CPU runner calls it through super()): after vLLM's own code, when "
             "luce.kvflash is on and a KVFlashSpec group exists, kvflash.worker.bind_v1 binds to that "
             "runner's objects (instance attributes only: the group's BlockTable.compute_slot_mapping, its "
-            "metadata builders, the pooled layers' impl.forward, and _update_states for releases).",
+            "metadata builders, the pooled layers' impl.forward, and _update_states for releases). When "
+            "luce.pflash is on, rank 0 also loads the PFlash drafter there (after the KV cache, so a drafter "
+            "that cannot load stops startup).",
         remove_when="vLLM offers a worker-side hook for custom KV cache specs to own slot mapping and "
                     "attention metadata (as CircularBufferSpec's in-tree users do).",
     ),
@@ -156,6 +158,60 @@ LEDGER += (
             "only: BlockTables.append_block_ids and compute_slot_mappings, the pooled group's metadata "
             "builders, the pooled layers' impl.forward, finish_requests). Untested end to end (no GPU vLLM).",
         remove_when="As for V1: a worker-side hook for custom KV cache specs.",
+    ),
+)
+
+
+LEDGER += (
+    LedgerEntry(
+        target="vllm.v1.engine.async_llm:AsyncLLM.add_request",
+        signature="(self, request_id: str, prompt: vllm.v1.engine.EngineCoreRequest | str | vllm.inputs.llm.TextPrompt "
+                  "| list[int] | vllm.inputs.llm.TokensPrompt | vllm.inputs.llm.EmbedsPrompt | vllm.inputs.llm.Explicit"
+                  "EncoderDecoderPrompt | vllm.inputs.engine.TokensInput | vllm.inputs.engine.EmbedsInput | vllm.inputs"
+                  ".engine.MultiModalInput | vllm.inputs.engine.EncoderDecoderInput | collections.abc.AsyncGenerator[vl"
+                  "lm.engine.protocol.StreamingInput, None], params: vllm.sampling_params.SamplingParams | vllm.pooling"
+                  "_params.PoolingParams, arrival_time: float | None = None, lora_request: vllm.lora.request.LoRAReques"
+                  "t | None = None, tokenization_kwargs: dict[str, typing.Any] | None = None, trace_headers: collection"
+                  "s.abc.Mapping[str, str] | None = None, priority: int = 0, data_parallel_rank: int | None = None, ses"
+                  "sion_id: str | None = None, prompt_text: str | None = None, reasoning_ended: bool | None = None, rea"
+                  "soning_parser_kwargs: dict[str, typing.Any] | None = None, kv_hints: vllm.v1.kv_hints.protocol.KvHin"
+                  "tsEnvelope | None = None) -> vllm.v1.engine.output_processor.RequestOutputCollector",
+        module="vllm_luce.patches.async_llm",
+        why="PFlash must shorten a long prompt before vLLM derives anything from it (the scheduler's KV "
+            "allocation, usage, detokenizer state), and scoring must run on the workers. vLLM has no "
+            "plugin hook on the engine-client input path.",
+        how="Applied only when luce.pflash is on. Wraps add_request: for an eligible token prompt it awaits "
+            "collective_rpc(pflash.worker.compress_on_worker) and passes the kept tokens to vLLM's own "
+            "add_request; any other request, or a failed scoring pass, goes through unchanged.",
+        remove_when="vLLM offers an input-processing plugin hook (e.g. an async prompt transform) on the "
+                    "engine client.",
+    ),
+    LedgerEntry(
+        target="vllm.v1.engine.llm_engine:LLMEngine.add_request",
+        signature="(self, request_id: str, prompt: vllm.v1.engine.EngineCoreRequest | str | vllm.inputs.llm.TextPrompt "
+                  "| list[int] | vllm.inputs.llm.TokensPrompt | vllm.inputs.llm.EmbedsPrompt | vllm.inputs.llm.Explicit"
+                  "EncoderDecoderPrompt | vllm.inputs.engine.TokensInput | vllm.inputs.engine.EmbedsInput | vllm.inputs"
+                  ".engine.MultiModalInput | vllm.inputs.engine.EncoderDecoderInput, params: vllm.sampling_params.Sampl"
+                  "ingParams | vllm.pooling_params.PoolingParams, arrival_time: float | None = None, lora_request: vllm"
+                  ".lora.request.LoRARequest | None = None, tokenization_kwargs: dict[str, typing.Any] | None = None, t"
+                  "race_headers: collections.abc.Mapping[str, str] | None = None, priority: int = 0, session_id: str | "
+                  "None = None, prompt_text: str | None = None, kv_hints: vllm.v1.kv_hints.protocol.KvHintsEnvelope | N"
+                  "one = None) -> str",
+        module="vllm_luce.patches.llm_engine",
+        why="The same as AsyncLLM.add_request, for the offline LLM API.",
+        how="The same wrapper, synchronous (collective_rpc on the LLMEngine).",
+        remove_when="As for AsyncLLM.add_request.",
+    ),
+    LedgerEntry(
+        target="vllm.entrypoints.openai.chat_completion.protocol:ChatCompletionRequest.to_sampling_params",
+        signature="(self, max_tokens: int, default_sampling_params: dict) -> vllm.sampling_params.SamplingParams",
+        module="vllm_luce.patches.chat_completion_request",
+        why="Requests with tools, a tool choice or a response format must never be compressed (compression "
+            "cut tool JSON apart in Lucebox), and once the chat request becomes SamplingParams the tools "
+            "are only text in the prompt.",
+        how="Applied only when luce.pflash is on. Wraps to_sampling_params: such requests get "
+            "extra_args['luce_pflash_skip'] = reason, which the add_request wrappers honour.",
+        remove_when="vLLM passes request-level metadata (tools) to the engine client or to plugins.",
     ),
 )
 
@@ -245,6 +301,14 @@ def when_imported(module_name: str, callback: Callable[[], object]) -> None:
     _after_import.pending.setdefault(module_name, []).append(callback)
     if _after_import not in sys.meta_path:
         sys.meta_path.insert(0, _after_import)
+
+
+def apply_pflash_patches() -> None:
+    """The engine-client patches PFlash needs; applied by the VllmConfig patch only when PFlash is on."""
+    from vllm_luce.patches import async_llm, chat_completion_request, llm_engine
+
+    for module in (async_llm, llm_engine, chat_completion_request):
+        when_imported(module.TARGET.split(":")[0], module.apply)
 
 
 def apply_patches() -> None:

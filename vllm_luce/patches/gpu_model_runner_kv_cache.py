@@ -12,8 +12,9 @@ TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"
 
 
 def binding_wrapper(bind: str):
-    """A wrapper factory for initialize_kv_cache that, after vLLM's code and with luce.kvflash on,
-    calls ``bind(runner, luce)``; ``bind`` is "module:function", imported only then."""
+    """A wrapper factory for initialize_kv_cache that, after vLLM's code, calls ``bind(runner, luce)``
+    with luce.kvflash on (``bind`` is "module:function", imported only then) and, with luce.pflash on,
+    loads the PFlash drafter onto the runner (pflash.worker.bind)."""
 
     def make(original):
         @functools.wraps(original)
@@ -26,6 +27,10 @@ def binding_wrapper(bind: str):
             if luce.kvflash.enabled:
                 module, function = bind.split(":")
                 getattr(importlib.import_module(module), function)(self, luce)
+            if luce.pflash.enabled:
+                from vllm_luce.pflash.worker import bind as bind_pflash
+
+                bind_pflash(self, luce)
 
         return initialize_kv_cache
 

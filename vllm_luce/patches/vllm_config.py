@@ -25,6 +25,13 @@ def _make_wrapper(original):
         from vllm_luce.kvflash.install import install_kvflash
 
         kvflash = install_kvflash(self, luce)
+        from vllm_luce.pflash.install import install_pflash
+
+        pflash = install_pflash(self, luce)
+        if pflash:
+            from vllm_luce.patches import apply_pflash_patches
+
+            apply_pflash_patches()
         global _logged
         if not _logged:
             _logged = True
@@ -32,7 +39,8 @@ def _make_wrapper(original):
 
             logger.info("%s: executors: %s; active features: %s%s", tag(),
                         vllm_luce.executors_description, luce.describe(),
-                        (f"; DFlash gate: {gated}" if gated else "") + (f"; KVFlash: {kvflash}" if kvflash else ""))
+                        (f"; DFlash gate: {gated}" if gated else "") + (f"; KVFlash: {kvflash}" if kvflash else "")
+                        + (f"; PFlash: {pflash}" if pflash else ""))
 
     return __post_init__
 

@@ -1,0 +1,31 @@
+"""Patch: PFlash compresses a long prompt before LLMEngine (offline ``LLM``) adds it (see LEDGER)."""
+
+from __future__ import annotations
+
+import functools
+
+from vllm_luce.patches import ledger_signature, wrap_method
+
+TARGET = "vllm.v1.engine.llm_engine:LLMEngine.add_request"
+
+
+def _make_wrapper(original):
+    @functools.wraps(original)
+    def add_request(self, request_id, prompt, params, *args, **kwargs):
+        from vllm_luce.pflash import frontend
+
+        settings = frontend.settings_of(self)
+        if settings is not None and frontend.skip_reason(prompt, params, settings.min_prompt_tokens) is None:
+            from vllm_luce.pflash.worker import compress_on_worker
+
+            results = self.collective_rpc(compress_on_worker, args=(prompt["prompt_token_ids"],))
+            prompt = frontend.compressed_prompt(prompt, frontend.first_answer(results), request_id)
+        return original(self, request_id, prompt, params, *args, **kwargs)
+
+    return add_request
+
+
+def apply() -> bool:
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    return wrap_method(LLMEngine, "add_request", ledger_signature(TARGET), _make_wrapper)

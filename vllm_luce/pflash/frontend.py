@@ -1,0 +1,75 @@
+"""PFlash on the engine client (API server or offline ``LLM``): decide whether a request's prompt is
+compressed, ask the workers to score it, and hand vLLM the shorter prompt.
+
+The client, not the engine core, swaps the prompt, so everything vLLM derives from the prompt after
+this point agrees: the scheduler allocates KV for the kept tokens, ``usage.prompt_tokens`` counts
+the tokens the target prefilled, and prompt logprobs (when asked for, compression is skipped) would
+refer to them. Scoring itself runs on the workers, never on the client's CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_luce.log import logger, tag
+
+OPT_OUT_KEY = "luce_pflash"        # request opt-out: extra_body={"vllm_xargs": {"luce_pflash": "off"}}
+SKIP_KEY = "luce_pflash_skip"      # set by the chat request patch: why a request is never compressed
+_OFF = {False, 0, "0", "off", "false", "no"}
+
+
+def skip_reason(prompt: Any, params: Any, min_prompt_tokens: int) -> str | None:
+    """None when the prompt should be compressed, else why not."""
+    if not hasattr(params, "structured_outputs"):
+        return "not a generation request"
+    if not isinstance(prompt, dict) or prompt.get("type", "token") != "token" or "prompt_token_ids" not in prompt:
+        return "not a token prompt"
+    extra = params.extra_args or {}
+    if SKIP_KEY in extra:
+        return str(extra[SKIP_KEY])
+    opt = extra.get(OPT_OUT_KEY)
+    if isinstance(opt, str):
+        opt = opt.strip().lower()
+    if opt in _OFF:
+        return "opted out"
+    if params.structured_outputs is not None:
+        return "response format"
+    if params.prompt_logprobs is not None:
+        return "prompt logprobs"
+    if len(prompt["prompt_token_ids"]) < min_prompt_tokens:
+        return "short prompt"
+    return None
+
+
+def first_answer(results: list[Any]) -> dict[str, Any] | None:
+    return next((r for r in results if r is not None), None)
+
+
+def compressed_prompt(prompt: dict, answer: dict[str, Any] | None, request_id: str) -> dict:
+    """The prompt to send: the kept tokens, or the original if scoring failed or kept everything."""
+    if answer is None:
+        return prompt
+    if "error" in answer:
+        logger.warning("%s: PFlash: request %s prefilled uncompressed: %s", tag(), request_id, answer["error"])
+        return prompt
+    kept = answer["token_ids"]
+    logger.info("%s: PFlash: request %s: %d -> %d prompt tokens (%d of %d chunks, %d by anchors; scoring "
+                "%.0f ms, selection %.0f ms%s)", tag(), request_id, answer["prompt_tokens"], len(kept),
+                answer["kept_chunks"], answer["n_chunks"], answer["anchor_chunks"], answer["score_ms"],
+                answer["select_ms"], ", cross-tokenizer" if answer["cross_tokenizer"] else "")
+    if len(kept) >= len(prompt["prompt_token_ids"]):
+        return prompt
+    out = {k: v for k, v in prompt.items() if k not in ("prompt", "prompt_token_offsets")}
+    out["prompt_token_ids"] = kept
+    return out
+
+
+def settings_of(engine: Any) -> Any | None:
+    """The engine's ``luce.pflash`` settings when PFlash is on, else None (cached on the engine)."""
+    cached = engine.__dict__.get("_luce_pflash")
+    if cached is None:
+        from vllm_luce.config import LuceConfig
+
+        pf = LuceConfig.from_vllm_config(engine.vllm_config).pflash
+        cached = engine.__dict__["_luce_pflash"] = (pf if pf.enabled else False,)
+    return cached[0] or None

@@ -1,0 +1,53 @@
+"""PFlash's worker side: the drafter lives on the model runner of rank 0 (where the model runs),
+loaded when the runner's KV cache is initialised (so a drafter that cannot load stops startup), and
+``compress_on_worker`` is what the engine client calls through ``collective_rpc``. V1 and Model
+Runner V2 are bound the same way (both runners reach ``bind`` through the initialize_kv_cache patch)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_luce.log import logger, tag
+from vllm_luce.pflash.service import PFlashService
+from vllm_luce.pflash.settings import scoring_config, selection_config
+
+
+def bind(runner: Any, luce: Any) -> None:
+    if getattr(runner, "luce_pflash", None) is not None:
+        return
+    if _rank(runner) != 0:  # one scorer per engine: the other ranks' answers are ignored
+        runner.luce_pflash = None
+        return
+    pf = luce.pflash
+    model_config = runner.vllm_config.model_config
+
+    def target_tokenizer():
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model_config.tokenizer, trust_remote_code=model_config.trust_remote_code)
+
+    runner.luce_pflash = PFlashService(pf.drafter, runner.device, selection_config(pf), scoring_config(pf),
+                                       pf.dtype, target_tokenizer)
+    logger.info("%s: PFlash drafter %s", tag(), runner.luce_pflash.describe())
+
+
+def _rank(runner: Any) -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank, get_pp_group
+
+        return get_tensor_model_parallel_rank() + get_pp_group().rank_in_group
+    except Exception:  # no distributed state (unit tests)
+        return 0
+
+
+def compress_on_worker(worker: Any, token_ids: list[int]) -> dict[str, Any] | None:
+    """Runs in each worker (collective_rpc); rank 0 answers. Errors come back as {"error": ...} so a
+    failed scoring pass never takes the engine down; the client then sends the prompt uncompressed."""
+    service = getattr(getattr(worker, "model_runner", None), "luce_pflash", None)
+    if service is None:
+        return None
+    try:
+        return service.compress(token_ids).as_dict()
+    except Exception as e:  # noqa: BLE001 - reported to the client side, which keeps the full prompt
+        logger.exception("%s: PFlash scoring failed; the prompt is prefilled uncompressed", tag())
+        return {"error": f"{type(e).__name__}: {e}"}
