@@ -46,9 +46,37 @@ def test_luce_must_be_an_object():
         LuceConfig.from_sources({"luce": "kvflash"}, {})
 
 
-def test_enabling_a_feature_that_has_not_landed_stops_startup():
+def test_enabling_a_feature_that_has_not_landed_stops_startup(monkeypatch):
+    import vllm_luce.config as C
+
+    monkeypatch.setattr(C, "AVAILABLE_FEATURES", frozenset({"dflash", "kvflash"}))
     with pytest.raises(LuceConfigError, match="luce.pflash: pflash is not available"):
         build({"pflash": {"drafter": "/models/d"}})
+
+
+@pytest.mark.parametrize("settings,message", [
+    ({"keep_curve": [[8192, 0.2], [4096, 0.1]]}, "luce.pflash.keep_curve: got [[8192, 0.2], [4096, 0.1]]"),
+    ({"keep_curve": [[8192, 1.5]]}, "prompt_tokens increasing, ratios in (0, 1]"),
+    ({"keep_curve": "8192:0.2"}, "a list of [prompt_tokens, keep_ratio] pairs"),
+    ({"pool_kernel": 12}, "luce.pflash.pool_kernel: got 12; expected an odd integer"),
+    ({"attention": "flash"}, "one of 'auto', 'dense', 'sparse'"),
+    ({"dtype": "fp8"}, "one of 'auto', 'bfloat16', 'float16', 'float32'"),
+    ({"lookahead_tokens": 0}, "an integer in [1, 256]"),
+    ({"tail_chunks": 0}, "luce.pflash.tail_chunks: got 0"),
+])
+def test_bad_pflash_settings_name_the_key(settings, message):
+    with pytest.raises(LuceConfigError) as error:
+        build({"pflash": {"drafter": "/d", **settings}})
+    assert message in str(error.value)
+
+
+def test_pflash_settings_reach_the_cores():
+    from vllm_luce.pflash.settings import scoring_config, selection_config
+
+    pf = build({"pflash": {"drafter": "/d", "keep_curve": [[8192, 0.2], [65536, 0.05]],
+                           "early_exit_layers": 7, "pre_rope": False}}).pflash
+    assert selection_config(pf).ratio_for(8192) == 0.2 and selection_config(pf).chunk_tokens == 32
+    assert scoring_config(pf).early_exit_layers == 7 and not scoring_config(pf).pre_rope
 
 
 def test_disabled_sections_are_validated_but_inactive():

@@ -37,18 +37,21 @@ class TextBridge:
 
 
 def char_spans(bridged: BridgedPrompt, spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Kept token spans -> merged character spans widened to the surrounding whitespace."""
+    """Kept token spans -> character spans widened to the surrounding whitespace, merged where they
+    touch or only whitespace separates them."""
     text, offsets = bridged.text, bridged.offsets
     out: list[tuple[int, int]] = []
     for start, end in spans:
         if start >= end:
             continue
         a, b = offsets[start][0], offsets[end - 1][1]
+        while a < b and text[a].isspace():  # byte-level tokens carry their leading space
+            a += 1
         while a > 0 and not text[a - 1].isspace():
             a -= 1
         while b < len(text) and not text[b].isspace():
             b += 1
-        if out and a <= out[-1][1]:
+        if out and (a <= out[-1][1] or text[out[-1][1]:a].isspace()):
             out[-1] = (out[-1][0], max(b, out[-1][1]))
         else:
             out.append((a, b))
