@@ -181,7 +181,7 @@ LEDGER += (
             "allocation, usage, detokenizer state), and scoring must run on the workers. vLLM has no "
             "plugin hook on the engine-client input path.",
         how="Applied only when luce.pflash is on. Wraps add_request: for an eligible token prompt it awaits "
-            "collective_rpc(pflash.worker.compress_on_worker) and passes the kept tokens to vLLM's own "
+            "collective_rpc('luce_pflash_compress'), a method of the worker extension PFlash sets (pflash.worker.PFlashWorkerExtension), and passes the kept tokens to vLLM's own "
             "add_request; any other request, or a failed scoring pass, goes through unchanged.",
         remove_when="vLLM offers an input-processing plugin hook (e.g. an async prompt transform) on the "
                     "engine client.",

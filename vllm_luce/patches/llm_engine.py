@@ -16,10 +16,14 @@ def _make_wrapper(original):
 
         settings = frontend.settings_of(self)
         if settings is not None and frontend.skip_reason(prompt, params, settings.min_prompt_tokens) is None:
-            from vllm_luce.pflash.worker import compress_on_worker
+            from vllm_luce.pflash.worker import RPC
 
-            results = self.collective_rpc(compress_on_worker, args=(prompt["prompt_token_ids"],))
-            prompt = frontend.compressed_prompt(prompt, frontend.first_answer(results), request_id)
+            try:
+                answer = frontend.first_answer(self.collective_rpc(RPC,
+                                                                    args=(prompt["prompt_token_ids"],)))
+            except Exception as e:  # noqa: BLE001 - the request goes on uncompressed
+                answer = frontend.rpc_failed(e)
+            prompt = frontend.compressed_prompt(prompt, answer, request_id)
         return original(self, request_id, prompt, params, *args, **kwargs)
 
     return add_request

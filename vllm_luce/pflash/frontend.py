@@ -41,6 +41,11 @@ def skip_reason(prompt: Any, params: Any, min_prompt_tokens: int) -> str | None:
     return None
 
 
+def rpc_failed(error: BaseException) -> dict[str, Any]:
+    logger.warning("%s: PFlash: scoring call failed", tag(), exc_info=error)
+    return {"error": f"{type(error).__name__}: {error}"}
+
+
 def first_answer(results: list[Any]) -> dict[str, Any] | None:
     return next((r for r in results if r is not None), None)
 

@@ -40,6 +40,21 @@ def install_pflash(vllm_config: Any, luce: LuceConfig) -> str | None:
             "sharing the target's tokenizer")
     else:
         mode = "the target's tokenizer"
+    _install_worker_extension(vllm_config)
     return (f"drafter {spec.path.name} ({spec.architecture}, {spec.num_layers} layers, "
             f"{pf.early_exit_layers or spec.num_layers} scored) with {mode}; keep {pf.keep_ratio}, "
             f"prompts >= {pf.min_prompt_tokens} tokens")
+
+
+def _install_worker_extension(vllm_config: Any) -> None:
+    """The engine client reaches the scorer through vLLM's worker extension class."""
+    from vllm_luce.pflash.worker import EXTENSION
+
+    parallel = getattr(vllm_config, "parallel_config", None)
+    if parallel is None:
+        return
+    current = parallel.worker_extension_cls
+    if current and current != EXTENSION:
+        raise LuceConfigError(f"luce.pflash: needs --worker-extension-cls {EXTENSION}, but it is set to "
+                              f"{current!r}; PFlash cannot share the worker extension with another class")
+    parallel.worker_extension_cls = EXTENSION

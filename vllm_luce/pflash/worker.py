@@ -1,6 +1,6 @@
 """PFlash's worker side: the drafter lives on the model runner of rank 0 (where the model runs),
 loaded when the runner's KV cache is initialised (so a drafter that cannot load stops startup), and
-``compress_on_worker`` is what the engine client calls through ``collective_rpc``. V1 and Model
+the engine client calls ``PFlashWorkerExtension.luce_pflash_compress`` through ``collective_rpc``. V1 and Model
 Runner V2 are bound the same way (both runners reach ``bind`` through the initialize_kv_cache patch)."""
 
 from __future__ import annotations
@@ -40,14 +40,22 @@ def _rank(runner: Any) -> int:
         return 0
 
 
-def compress_on_worker(worker: Any, token_ids: list[int]) -> dict[str, Any] | None:
-    """Runs in each worker (collective_rpc); rank 0 answers. Errors come back as {"error": ...} so a
-    failed scoring pass never takes the engine down; the client then sends the prompt uncompressed."""
-    service = getattr(getattr(worker, "model_runner", None), "luce_pflash", None)
-    if service is None:
-        return None
-    try:
-        return service.compress(token_ids).as_dict()
-    except Exception as e:  # noqa: BLE001 - reported to the client side, which keeps the full prompt
-        logger.exception("%s: PFlash scoring failed; the prompt is prefilled uncompressed", tag())
-        return {"error": f"{type(e).__name__}: {e}"}
+class PFlashWorkerExtension:
+    """Mixed into vLLM's worker class through ``parallel_config.worker_extension_cls`` (vLLM's own
+    extension point), so the engine client reaches the scorer by name with ``collective_rpc``."""
+
+    def luce_pflash_compress(self, token_ids: list[int]) -> dict[str, Any] | None:
+        """Rank 0 answers, other ranks return None. Errors come back as {"error": ...} so a failed
+        scoring pass never takes the engine down; the client then sends the prompt uncompressed."""
+        service = getattr(getattr(self, "model_runner", None), "luce_pflash", None)
+        if service is None:
+            return None
+        try:
+            return service.compress(token_ids).as_dict()
+        except Exception as e:  # noqa: BLE001 - reported to the client side, which keeps the full prompt
+            logger.exception("%s: PFlash scoring failed; the prompt is prefilled uncompressed", tag())
+            return {"error": f"{type(e).__name__}: {e}"}
+
+
+EXTENSION = f"{PFlashWorkerExtension.__module__}.{PFlashWorkerExtension.__qualname__}"
+RPC = "luce_pflash_compress"
