@@ -2,6 +2,7 @@
 pooled KV with each policy, at a fixed pool (so residency = pool / prompt length).
 
     python -m benchmarks.kvflash_needle --tokens 2048 4096 --pool 512 --seeds 4 --json out.json
+    python -m benchmarks.kvflash_needle --policies scorer   # PFlash's drafter as the KVFlash scorer
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 from benchmarks import fidelity as F, report
+from tests.fixtures.trained import trained_model
 
 
 def run(label: str, additional_config: dict, tokens: list[int], seeds: int, max_len: int) -> list[dict]:
@@ -42,6 +44,8 @@ def main(argv=None) -> int:
     rows = run("full KV", {}, args.tokens, args.seeds, max_len)
     for policy in args.policies:
         cfg = {"luce": {"kvflash": {"pool_tokens": args.pool, "policy": policy}}}
+        if policy == "scorer":  # PFlash's drafter scores the chunks; prompts are not compressed
+            cfg["luce"]["pflash"] = {"drafter": str(trained_model("scorer")), "min_prompt_tokens": 1 << 30}
         rows += run(f"pool {args.pool}, {policy}", cfg, args.tokens, args.seeds, max_len)
     return report(rows, args.json)
 

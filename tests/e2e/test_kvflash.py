@@ -168,7 +168,7 @@ def test_aborted_requests_return_their_host_pages(pooled):
     (kvflash(pool=256), "luce.kvflash.pool_tokens: got 256; expected at least 384"),
     (kvflash(pool=1.5), "luce.kvflash.pool_tokens: got 1.5; expected a positive integer or 'auto'"),
     (kvflash(policy="mru"), "luce.kvflash.policy: got 'mru'; expected one of"),
-    (kvflash(policy="scorer"), "luce.kvflash.policy: got 'scorer'; the drafter scorer comes with PFlash"),
+    (kvflash(policy="scorer"), "luce.kvflash.policy: got 'scorer'; the drafter scorer is PFlash's, so it needs luce.pflash"),
 ])
 def test_bad_settings_stop_startup_naming_the_key(qwen, bad, message):
     with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):

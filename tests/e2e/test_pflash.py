@@ -107,3 +107,24 @@ def test_cross_tokenizer_drafter_maps_kept_text_back(tokenizer, cases, tiny_mode
         assert len(out.prompt_token_ids) < case.prompt_tokens * 0.6
         text = tokenizer.decode(out.prompt_token_ids)
         assert text.endswith(case.prompt[-40:]) and f'= "{case.answer}"' in text
+
+
+def test_kvflash_drafter_scorer_policy_uses_the_pflash_scorer(tokenizer, cases):
+    """KVFlash with policy 'scorer' (pool 512 for 2K prompts): PFlash's drafter scores the chunks that
+    stay resident. Compression is off here (min_prompt_tokens above the prompts) to isolate the policy."""
+    from benchmarks import fidelity as F
+
+    llm = F.build_llm(MAX_LEN, additional_config={"luce": {
+        "kvflash": {"pool_tokens": 512, "policy": "scorer"},
+        "pflash": {"drafter": str(trained_model("scorer")), "min_prompt_tokens": 100_000}}})
+    try:
+        outs = llm.generate(_prompts(tokenizer, cases[:3]), _greedy())
+        runtime = F.engine_runner(llm).luce_kvflash
+        stats, passes = runtime.stats(), runtime.policy.score_chunks.passes
+    finally:
+        del llm
+        gc.collect()
+    assert all(len(o.prompt_token_ids) == c.prompt_tokens for c, o in zip(cases, outs))  # not compressed
+    assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
+    assert runtime.policy.name == "scorer" and passes >= 3, passes
+    assert stats["page_outs"] > 0 and stats["reselections"] > 0, stats

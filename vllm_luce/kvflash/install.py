@@ -29,9 +29,9 @@ def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
     kv = luce.kvflash
     if not kv.enabled:
         return None
-    if kv.policy == "scorer":
-        raise LuceConfigError("luce.kvflash.policy: got 'scorer'; the drafter scorer comes with PFlash "
-                              "(luce.pflash), which is not available in this version; use 'qk' or 'lru'")
+    if kv.policy == "scorer" and not (luce.pflash.enabled and luce.pflash.drafter):
+        raise LuceConfigError("luce.kvflash.policy: got 'scorer'; the drafter scorer is PFlash's, so it needs "
+                              "luce.pflash with a drafter (e.g. {\"pflash\": {\"drafter\": PATH}}); or use 'qk' or 'lru'")
     try:
         cfg = pager_config_from(kv)
     except KVFlashConfigError as e:

@@ -122,6 +122,7 @@ class RequestPager:
     config: PagerConfig
     store: PoolStore
     num_tokens: int = 0
+    req_id: str = ""  # set by the worker (the drafter-scorer policy looks the request's tokens up)
     resident: list[int] = field(default_factory=list)  # logical chunks, in pool (= logical) order
     host: dict[int, torch.Tensor] = field(default_factory=dict)  # logical chunk -> paged-out bytes
     stats: PagerStats = field(default_factory=PagerStats)

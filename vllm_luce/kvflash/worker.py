@@ -46,6 +46,7 @@ class KVFlashRuntime:
         if pager is None:
             store = PagedPoolStore(self.caches, self.layout, self.head_size, self.block_size, self.config.chunk_tokens)
             pager = self.pagers[req_id] = RequestPager(self.config, store)
+            pager.req_id = req_id
         return pager
 
     def plan(self, req_ids: list[str], query_start_loc: np.ndarray, positions: np.ndarray, rows: np.ndarray,
@@ -85,6 +86,8 @@ class KVFlashRuntime:
 
     def release(self, req_ids) -> None:
         for req_id in req_ids:
+            if hasattr(self.policy, "release"):
+                self.policy.release(req_id)
             pager = self.pagers.pop(req_id, None)
             if pager is not None:
                 for k, v in vars(pager.stats).items():
@@ -141,7 +144,8 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
     cfg = pager_config_from(luce.kvflash)
     block_table = runner.input_batch.block_table[gid]
     runtime = KVFlashRuntime(cfg, luce.kvflash.policy, caches, layout, spec.head_size, block_table.block_size,
-                             runner.input_batch.max_num_reqs, reduce_max=_tp_reduce_max())
+                             runner.input_batch.max_num_reqs, scorer=_drafter_scorer(runner, luce, cfg),
+                             reduce_max=_tp_reduce_max())
     _bind_slot_mapping(runner, block_table, runtime)
     for attn_group in attn_groups:
         attn_group.metadata_builders = [_PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
@@ -153,6 +157,28 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
                 tag(), len(group.layer_names), gid, block_table.block_size, cfg.pool_tokens, cfg.chunk_tokens,
                 luce.kvflash.policy)
     return runtime
+
+
+def _drafter_scorer(runner, luce, cfg):
+    """policy 'scorer': PFlash's drafter (loaded on this runner first) scores each request's context."""
+    if luce.kvflash.policy != "scorer":
+        return None
+    from vllm_luce.pflash.kv_scorer import DrafterChunkScorer
+    from vllm_luce.pflash.worker import bind as bind_pflash
+
+    bind_pflash(runner, luce)
+    service = runner.luce_pflash
+    if service is None:  # not rank 0: every rank needs the same scores, so each scores itself
+        runner.luce_pflash = None
+        raise RuntimeError("luce.kvflash.policy 'scorer' with tensor/pipeline parallelism is not supported yet; "
+                           "use 'qk'")
+
+    def tokens_of(req_id: str) -> list[int]:
+        state = runner.requests[req_id]
+        return list(state.prompt_token_ids or []) + list(state.output_token_ids)
+
+    return DrafterChunkScorer(service.scorer.token_scores, tokens_of, cfg.chunk_tokens,
+                              refresh_tokens=max(cfg.pool_tokens // 2, 256))
 
 
 def _bind_slot_mapping(runner, block_table, runtime: KVFlashRuntime) -> None:

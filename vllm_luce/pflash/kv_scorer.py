@@ -1,0 +1,42 @@
+"""KVFlash's drafter-scorer policy (``luce.kvflash.policy: scorer``): PFlash's drafter scores the
+request's context and each KVFlash chunk gets the mean importance of its tokens (no vLLM import).
+
+A scoring pass reads the whole context, so it is refreshed only when the context has grown by at
+least ``refresh_tokens`` since the last pass of that request (the first decode, and reselections,
+find fresh scores); chunks newer than the last pass score +inf (they are recent: keep them).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+
+class DrafterChunkScorer:
+    def __init__(self, token_scores: Callable[[list[int]], torch.Tensor], tokens_of: Callable[[str], list[int]],
+                 chunk_tokens: int, refresh_tokens: int):
+        self.token_scores, self.tokens_of = token_scores, tokens_of
+        self.chunk_tokens, self.refresh_tokens = chunk_tokens, refresh_tokens
+        self.cache: dict[str, tuple[int, torch.Tensor]] = {}  # req_id -> (tokens scored, chunk scores)
+        self.passes = 0
+
+    def __call__(self, pager, chunks: list[int]) -> torch.Tensor:
+        req_id, n = pager.req_id, pager.num_tokens
+        scored, per_chunk = self.cache.get(req_id, (0, None))
+        if per_chunk is None or n - scored >= self.refresh_tokens:
+            ids = self.tokens_of(req_id)[:n]
+            per_chunk = _chunk_means(self.token_scores(ids), self.chunk_tokens)
+            self.cache[req_id] = (n, per_chunk)
+            self.passes += 1
+        full = per_chunk.numel()
+        return torch.tensor([float(per_chunk[c]) if c < full else float("inf") for c in chunks])
+
+    def release(self, req_id: str) -> None:
+        self.cache.pop(req_id, None)
+
+
+def _chunk_means(scores: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Mean score of each complete chunk (a partial last chunk is recent and never scored)."""
+    full = scores.numel() // chunk
+    return scores[: full * chunk].view(full, chunk).mean(1) if full else torch.zeros(0)
