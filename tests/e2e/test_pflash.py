@@ -128,3 +128,26 @@ def test_kvflash_drafter_scorer_policy_uses_the_pflash_scorer(tokenizer, cases):
     assert all(len(o.outputs[0].token_ids) == 8 for o in outs)
     assert runtime.policy.name == "scorer" and passes >= 3, passes
     assert stats["page_outs"] > 0 and stats["reselections"] > 0, stats
+
+
+def test_pflash_composes_with_dflash_and_kvflash(tokenizer, cases):
+    """All three features on one engine (trained DFlash drafter, a 1024-token pool, keep 0.2): prompts
+    are compressed, speculation runs on the compressed prompt over the pool, and the needles come back."""
+    from benchmarks import fidelity as F
+
+    llm = F.build_llm(MAX_LEN, drafter=trained_model("qwen36-dflash"), num_spec=7, disable_log_stats=False,
+                      additional_config={"luce": {
+        "kvflash": {"pool_tokens": 1024},
+        "pflash": {"drafter": str(trained_model("scorer")), "keep_ratio": KEEP, "min_prompt_tokens": 512}}})
+    try:
+        outs = llm.generate(_prompts(tokenizer, cases[:3]), _greedy())
+        pooled = F.engine_runner(llm).luce_kvflash is not None
+        metrics = {m.name: m for m in llm.get_metrics()}
+        drafts = int(metrics["vllm:spec_decode_num_drafts"].value)
+    finally:
+        del llm
+        gc.collect()
+    for case, out in zip(cases, outs):
+        assert len(out.prompt_token_ids) < 0.6 * case.prompt_tokens
+        assert out.outputs[0].text.startswith(case.answer), out.outputs[0].text
+    assert pooled and drafts > 0
