@@ -8,8 +8,9 @@ filled in this order:
    not fit in the budget they are scaled down in proportion, keeping at least one tail chunk;
 2. lexical anchors: every distinct 4-gram of the last 96 tokens (the "query") that occurs in the
    body (the prompt before the query) between 1 and ``max_hits`` times forces the chunks within
-   ``radius`` of each occurrence. Rare 4-grams go first; anchors may take at most ``n_keep`` chunks
-   beyond the head and tail, so a prompt can exceed its budget by anchors only, never by more than 2x;
+   ``radius`` of each occurrence. The query's latest 4-grams go first (the question ends the prompt);
+   anchors may take at most ``n_keep`` chunks beyond the head and tail, so a prompt can exceed its
+   budget by anchors only, never by more than 2x;
 3. the remaining budget goes to the highest-scoring chunks (chunk score = mean token score).
 
 Kept chunks are emitted in prompt order as merged token spans. Positions are not preserved: the
@@ -86,7 +87,7 @@ def chunk_scores(token_scores: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
 
 
 def anchor_chunks(token_ids: torch.Tensor, cfg: SelectionConfig, n_chunks: int) -> list[int]:
-    """Chunks forced by exact n-gram matches of the query (last tokens) in the body, rarest first."""
+    """Chunks forced by exact n-gram matches of the query (last tokens) in the body, latest n-gram first."""
     n, q = cfg.anchor_ngram, cfg.anchor_query_tokens
     ids = token_ids.flatten().long()
     body_len = ids.numel() - q
@@ -94,15 +95,19 @@ def anchor_chunks(token_ids: torch.Tensor, cfg: SelectionConfig, n_chunks: int) 
         return []
     radius, max_hits = anchor_tier(n_chunks)
     body = ids[:body_len].unfold(0, n, 1)                      # [B, n]
-    query = torch.unique(ids[body_len:].unfold(0, n, 1), dim=0)  # distinct query n-grams
-    by_rarity: list[tuple[int, list[int]]] = []
-    for gram in query:
+    query = ids[body_len:].unfold(0, n, 1)
+    seen: set[tuple[int, ...]] = set()
+    anchors: list[list[int]] = []
+    for gram in query.flip(0):  # the question ends the prompt: its latest n-grams go first
+        key = tuple(gram.tolist())
+        if key in seen:
+            continue
+        seen.add(key)
         hits = (body == gram).all(dim=1).nonzero().flatten()
         if 1 <= hits.numel() <= max_hits:
-            by_rarity.append((hits.numel(), hits.tolist()))
-    by_rarity.sort(key=lambda item: item[0])
+            anchors.append(hits.tolist())
     out: dict[int, None] = {}
-    for _, hits in by_rarity:
+    for hits in anchors:
         for pos in hits:
             c = pos // cfg.chunk_tokens
             for k in range(max(0, c - radius), min(n_chunks, c + radius + 1)):
