@@ -14,6 +14,8 @@ from vllm_luce.kernels._triton import is_interpreter
 from vllm_luce.kernels.chunk_mean import chunk_mean, chunk_mean_naive
 from vllm_luce.kernels.chunk_mean.chunk_mean import _chunk_mean_kernel
 
+from tests.kernels.layouts import strided_randn
+
 pytestmark = pytest.mark.kernel
 
 # fp32 accumulation in a different order than the reference: a few ulps of the chunk sums.
@@ -26,22 +28,7 @@ def _cu_seqlens(seq_lens, dtype, device):
 
 def _make_keys(total_tokens, num_heads, head_dim, dtype, layout, device, seed=0):
     """Random keys of the given shape, as a view with the strides that `layout` names."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
-
-    if layout == "contiguous":
-        return randn(total_tokens, num_heads, head_dim)
-    if layout == "token_strided":  # every other token of a larger buffer
-        return randn(2 * total_tokens, num_heads, head_dim)[::2]
-    if layout == "padded_rows":  # heads and dims sliced out of wider rows, as in a fused QKV buffer
-        return randn(total_tokens, num_heads + 2, head_dim + 3)[:, 1:num_heads + 1, :head_dim]
-    if layout == "head_major":  # [heads, tokens, dims] storage seen as [tokens, heads, dims]
-        return randn(num_heads, total_tokens, head_dim).transpose(0, 1)
-    if layout == "dim_strided":  # every other element along head_dim
-        return randn(total_tokens, num_heads, 2 * head_dim)[:, :, ::2]
-    raise AssertionError(layout)
+    return strided_randn(total_tokens, num_heads, head_dim, dtype, layout, device, torch.Generator(device="cpu").manual_seed(seed))
 
 
 # head_dim, num_heads, chunk_size, keys dtype, cu_seqlens dtype, sequence lengths, keys layout.

@@ -17,6 +17,8 @@ from vllm_luce.kernels.tail_score import tail_score, tail_score_naive
 
 _kernel_module = importlib.import_module("vllm_luce.kernels.tail_score.tail_score")  # the package shadows it
 
+from tests.kernels.layouts import strided_randn
+
 pytestmark = pytest.mark.kernel
 
 # fp32 accumulation (and exp2 vs exp) in a different order than the reference: a few ulps.
@@ -26,28 +28,11 @@ FP32_TOL = dict(rtol=1e-5, atol=1e-5)
 HALF_TOL = dict(rtol=1e-4, atol=1e-5)
 
 
-def _make(n, heads, head_dim, dtype, layout, device, gen):
-    """Random [n, heads, head_dim] values as a view with the strides that `layout` names."""
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
-
-    if layout == "contiguous":
-        return randn(n, heads, head_dim)
-    if layout == "token_strided":  # every other token of a larger buffer
-        return randn(2 * n, heads, head_dim)[::2]
-    if layout == "padded_rows":  # heads and dims sliced out of wider rows, as in a fused QKV buffer
-        return randn(n, heads + 2, head_dim + 3)[:, 1:heads + 1, :head_dim]
-    if layout == "head_major":  # [heads, n, dims] storage seen as [n, heads, dims]
-        return randn(heads, n, head_dim).transpose(0, 1)
-    if layout == "dim_strided":  # every other element along head_dim
-        return randn(n, heads, 2 * head_dim)[:, :, ::2]
-    raise AssertionError(layout)
 
 
 def _inputs(L, S, Hq, Hkv, D, dtype, device, q_layout="contiguous", k_layout="contiguous", seed=0):
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    return _make(L, Hq, D, dtype, q_layout, device, gen), _make(S, Hkv, D, dtype, k_layout, device, gen)
+    return strided_randn(L, Hq, D, dtype, q_layout, device, gen), strided_randn(S, Hkv, D, dtype, k_layout, device, gen)
 
 
 def _masked(L, S, device):
