@@ -16,19 +16,17 @@ import torch
 
 from benchmarks import report
 from tests.fixtures.trained import heldout_files, trained_model
+from vllm_luce.kernels.block_sparse_attention.block_select import keep_mask
 from vllm_luce.kernels.block_sparse_attention.naive import block_mean_keys_naive, block_scores_naive
 from vllm_luce.pflash.drafter_spec import DrafterSpec
 from vllm_luce.pflash.scorer import DrafterScorer, ScoringConfig
 
 
-def densities(scores: torch.Tensor, alpha: float, sink=2, window=4, last=2) -> float:
+def density(scores: torch.Tensor, alpha: float) -> float:
+    """Kept causal blocks over all causal blocks, with the selection rule the kernel uses."""
     H, M, _ = scores.shape
-    m = torch.arange(M)[:, None]
-    n = torch.arange(M)[None, :]
-    causal = n <= m
-    best = scores.masked_fill(~causal, float("-inf")).amax(-1, keepdim=True)
-    keep = causal & ((n < sink) | (m - n < window) | (m >= M - last) | (scores >= alpha * best))
-    return float(keep.sum() / (causal.sum() * H))
+    keep = keep_mask(scores, sink_blocks=2, window_blocks=4, last_full_blocks=2, alpha=alpha)
+    return float(keep.sum()) / (H * M * (M + 1) / 2)
 
 
 def main(argv=None) -> int:
@@ -52,7 +50,7 @@ def main(argv=None) -> int:
     def measure(q, k, v):
         scores = block_scores_naive(q, block_mean_keys_naive(k, 128), 128)
         rows.append({"layer": len(rows), "tokens": len(ids),
-                     **{f"density_a{a}": round(densities(scores, a), 3) for a in args.alphas}})
+                     **{f"density_a{a}": round(density(scores, a), 3) for a in args.alphas}})
         return dense(q, k, v)
 
     scorer._attention = measure

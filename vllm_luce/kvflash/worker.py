@@ -168,8 +168,7 @@ def _drafter_scorer(runner, luce, cfg):
 
     bind_pflash(runner, luce)
     service = runner.luce_pflash
-    if service is None:  # not rank 0: every rank needs the same scores, so each scores itself
-        runner.luce_pflash = None
+    if service is None:  # not rank 0: every rank would need the same scores
         raise RuntimeError("luce.kvflash.policy 'scorer' with tensor/pipeline parallelism is not supported yet; "
                            "use 'qk'")
 

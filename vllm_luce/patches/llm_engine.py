@@ -14,13 +14,12 @@ def _make_wrapper(original):
     def add_request(self, request_id, prompt, params, *args, **kwargs):
         from vllm_luce.pflash import frontend
 
-        settings = frontend.settings_of(self)
-        if settings is not None and frontend.skip_reason(prompt, params, settings.min_prompt_tokens) is None:
+        ids = frontend.ids_to_score(self, prompt, params)
+        if ids is not None:
             from vllm_luce.pflash.worker import RPC
 
             try:
-                answer = frontend.first_answer(self.collective_rpc(RPC,
-                                                                    args=(prompt["prompt_token_ids"],)))
+                answer = frontend.first_answer(self.collective_rpc(RPC, args=(ids,)))
             except Exception as e:  # noqa: BLE001 - the request goes on uncompressed
                 answer = frontend.rpc_failed(e)
             prompt = frontend.compressed_prompt(prompt, answer, request_id)

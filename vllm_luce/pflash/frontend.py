@@ -41,6 +41,14 @@ def skip_reason(prompt: Any, params: Any, min_prompt_tokens: int) -> str | None:
     return None
 
 
+def ids_to_score(engine: Any, prompt: Any, params: Any) -> list[int] | None:
+    """The prompt's token ids when ``engine`` has PFlash on and this request is eligible, else None."""
+    settings = settings_of(engine)
+    if settings is None or skip_reason(prompt, params, settings.min_prompt_tokens) is not None:
+        return None
+    return prompt["prompt_token_ids"]
+
+
 def rpc_failed(error: BaseException) -> dict[str, Any]:
     logger.warning("%s: PFlash: scoring call failed", tag(), exc_info=error)
     return {"error": f"{type(error).__name__}: {error}"}

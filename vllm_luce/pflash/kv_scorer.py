@@ -12,6 +12,8 @@ from typing import Callable
 
 import torch
 
+from vllm_luce.pflash.selection import chunk_scores
+
 
 class DrafterChunkScorer:
     def __init__(self, token_scores: Callable[[list[int]], torch.Tensor], tokens_of: Callable[[str], list[int]],
@@ -26,7 +28,8 @@ class DrafterChunkScorer:
         scored, per_chunk = self.cache.get(req_id, (0, None))
         if per_chunk is None or n - scored >= self.refresh_tokens:
             ids = self.tokens_of(req_id)[:n]
-            per_chunk = _chunk_means(self.token_scores(ids), self.chunk_tokens)
+            # complete chunks only: a partial last chunk is recent and never scored
+            per_chunk = chunk_scores(self.token_scores(ids), self.chunk_tokens)[: len(ids) // self.chunk_tokens]
             self.cache[req_id] = (n, per_chunk)
             self.passes += 1
         full = per_chunk.numel()
@@ -35,8 +38,3 @@ class DrafterChunkScorer:
     def release(self, req_id: str) -> None:
         self.cache.pop(req_id, None)
 
-
-def _chunk_means(scores: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Mean score of each complete chunk (a partial last chunk is recent and never scored)."""
-    full = scores.numel() // chunk
-    return scores[: full * chunk].view(full, chunk).mean(1) if full else torch.zeros(0)

@@ -79,6 +79,8 @@ def chunk_scores(token_scores: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
     """Mean token score per chunk (the last chunk may be partial)."""
     s = token_scores.float().flatten()
     n_chunks = -(-s.numel() // chunk_tokens)
+    if n_chunks == 0:
+        return s.new_zeros(0)
     padded = torch.zeros(n_chunks * chunk_tokens, dtype=s.dtype, device=s.device)
     padded[: s.numel()] = s
     counts = torch.full((n_chunks,), float(chunk_tokens), device=s.device)
