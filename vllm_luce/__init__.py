@@ -34,6 +34,9 @@ def register() -> None:
     executors_description = register_executors()
     register_drafters()
     apply_patches()
+    from vllm_luce import metrics
+
+    metrics.install()
     _registered = True
     # Visible in the engine core and workers; the API server configures logging only after this
     # runs, so there the VllmConfig patch logs the same facts with the active features.

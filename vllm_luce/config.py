@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 ENV_PREFIX = "VLLM_LUCE_"
 ADDITIONAL_CONFIG_KEY = "luce"
 # Environment variables that are not LuceConfig keys (read at plugin registration).
-NON_CONFIG_ENV = {"SKIP_VERSION_CHECK", "EXECUTORS", "DRAFTER"}
+NON_CONFIG_ENV = {"SKIP_VERSION_CHECK", "EXECUTORS", "DRAFTER", "METRICS_DIR", "METRICS_OWNER"}
 
 
 class LuceConfigError(ValueError):
@@ -72,6 +72,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "sink_chunks": Key(1, int, "an integer >= 1", lambda v: v >= 1),
         "recent_chunks": Key(4, int, "an integer >= 4", lambda v: v >= 4),
         "policy": Key("qk", str, "one of 'lru', 'qk', 'scorer'", lambda v: v in ("lru", "qk", "scorer")),
+        "host_bytes": Key("auto", (int, str), "a positive integer (bytes of host memory for paged-out KV per "
+                          "worker) or 'auto' (half the memory available at startup, shared by the local ranks)",
+                          _positive_int_or_auto),
     },
     "pflash": {
         "drafter": Key("", str, "a path to a Hugging Face causal LM directory (config.json + safetensors)",

@@ -170,3 +170,22 @@ def test_scorer_hook_and_release():
         grow(p, CHUNK, scorer)
     assert max(c for c in p.resident if c not in p.protected()) < 8
     assert p.release() > 0 and not p.host and not p.resident and p.num_tokens == 0
+
+
+def test_host_budget_drops_chunks_instead_of_growing_and_the_rest_stays_exact():
+    """With room for 3 host chunks, later evictions are dropped (counted), host bytes stay bounded and
+    the chunks that were paged out still come back bit-exact."""
+    chunk_bytes = 2 * CHUNK * 3 * 8 * 2  # K and V, tokens, heads, dim, bf16
+    budget = 3 * chunk_bytes
+    p, lru = pager(), LRU()
+    p.host_allowance = lambda nbytes: p.host_bytes() + max(nbytes, chunk_bytes) <= budget
+    for _ in range(20):
+        grow(p, CHUNK, lru)
+    assert p.host_bytes() == budget == sum(t.numel() * t.element_size() for t in p.host.values())
+    assert p.stats.page_outs == 3 and p.stats.dropped == 20 - 8 - 3
+    for c, data in p.host.items():
+        for t in range(CHUNK):
+            assert torch.equal(data[:, t], token_value(c * CHUNK + t))
+    dropped = set(range(20)) - set(p.resident) - set(p.host)
+    assert len(dropped) == p.stats.dropped and not dropped & set(p.summaries)
+    assert p.release() == budget and p.host_bytes() == 0

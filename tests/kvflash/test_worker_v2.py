@@ -59,6 +59,8 @@ def fake_runner():
         req_states=SimpleNamespace(index_to_req_id={2: "r"}, req_id_to_index={"r": 2},
                                    prompt_len=SimpleNamespace(np=np.array([0, 0, 4000, 0]))),
         finish_requests=lambda out: finished.append(out),
+        vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
+                                    model_config=SimpleNamespace(served_model_name="tiny")),
     )
     return runner, finished
 

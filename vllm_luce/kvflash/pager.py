@@ -23,13 +23,19 @@ Page-out happens on eviction, not by write-through: a chunk is copied to the hos
 leaves the pool, and most chunks of a long context never leave it twice. Write-through would copy
 every token to the host as it is written (the whole context, not just the evicted part) to save
 a copy at eviction time that is no larger.
+
+Host memory is bounded too: before a page-out the pager asks ``host_allowance`` (the worker's budget,
+``kvflash.host_bytes``). When the budget is spent the evicted chunk is dropped instead of kept: the
+request goes on with the sinks, the recent tail and what it still holds, as a streaming-attention
+cache would, and the drop is counted and logged. Nothing fails and nothing grows.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 
@@ -107,6 +113,10 @@ class TensorStore:
         return self.data[position].float().mean(dim=-3)  # mean over the chunk's tokens
 
 
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
 @dataclass
 class PagerStats:
     page_outs: int = 0
@@ -115,6 +125,8 @@ class PagerStats:
     bytes_in: int = 0
     moves: int = 0
     reselections: int = 0
+    dropped: int = 0  # chunks discarded because the host budget was spent
+    reselect_s: float = 0.0  # wall time of reselections, scoring and page-ins included
 
 
 @dataclass
@@ -125,6 +137,10 @@ class RequestPager:
     req_id: str = ""  # set by the worker (the drafter-scorer policy looks the request's tokens up)
     resident: list[int] = field(default_factory=list)  # logical chunks, in pool (= logical) order
     host: dict[int, torch.Tensor] = field(default_factory=dict)  # logical chunk -> paged-out bytes
+    host_nbytes: int = 0  # bytes held in ``host``
+    # Asked before each page-out with the chunk's bytes; False drops the chunk (host budget spent).
+    host_allowance: Callable[[int], bool] | None = None
+    chunk_nbytes: int = 0  # bytes of one paged-out chunk (known after the first page-out)
     stats: PagerStats = field(default_factory=PagerStats)
     decoded_since_reselect: int = 0
     last_used: dict[int, int] = field(default_factory=dict)  # logical chunk -> token count when last used
@@ -193,8 +209,12 @@ class RequestPager:
         # been seen, and chunks evicted during a long prefill may be what it asks for.
         first_decode = decoded > 0 and not self.stats.reselections
         if decoded and (first_decode or self.reselect_due()):
+            t0 = time.perf_counter()
             loads = self._reselect(policy)
-        self._relayout(dict(loads))
+            self._relayout(dict(loads))
+            self.stats.reselect_s += time.perf_counter() - t0
+        else:
+            self._relayout({})
         chunk = self.config.chunk_tokens
         return [self.stored_at[p // chunk] * chunk + p % chunk for p in range(start, start + num_new)]
 
@@ -217,7 +237,7 @@ class RequestPager:
         self.resident = [c for c in self.resident if c < keep]
         self.stored_at = {c: i for c, i in self.stored_at.items() if c < keep}
         for c in [c for c in self.host if c >= keep]:
-            del self.host[c]
+            self.host_nbytes -= _nbytes(self.host.pop(c))
         for c in [c for c in self.summaries if c >= keep - (start % self.config.chunk_tokens > 0)]:
             del self.summaries[c]  # a chunk cut to partial is re-summarised when full again
         self.num_tokens = start
@@ -241,10 +261,17 @@ class RequestPager:
 
     def _page_out(self, chunk: int) -> None:
         position = self.stored_at.pop(chunk)
+        self.resident.remove(chunk)
+        if self.host_allowance is not None and not self.host_allowance(self.chunk_nbytes):
+            # Host budget spent: the chunk is dropped, not paged out (never reselectable again).
+            self.stats.dropped += 1
+            self.summaries.pop(chunk, None)
+            return
         read_host = getattr(self.store, "read_host", None)
         data = read_host(position) if read_host else self.store.read(position).detach().to("cpu", copy=True)
+        self.chunk_nbytes = _nbytes(data)
         self.host[chunk] = data
-        self.resident.remove(chunk)
+        self.host_nbytes += self.chunk_nbytes
         self.stats.page_outs += 1
         self.stats.bytes_out += data.numel() * data.element_size()
 
@@ -276,6 +303,7 @@ class RequestPager:
         for position, chunk in enumerate(self.resident):
             if chunk in loading:
                 data = self.host.pop(chunk)
+                self.host_nbytes -= _nbytes(data)
                 loads.append((position, data))
                 self.stats.page_ins += 1
                 self.stats.bytes_in += data.numel() * data.element_size()
@@ -288,8 +316,9 @@ class RequestPager:
 
     def release(self) -> int:
         """Free everything (finished or aborted request); returns the host bytes returned."""
-        freed = sum(t.numel() * t.element_size() for t in self.host.values())
+        freed = self.host_nbytes
         self.host.clear()
+        self.host_nbytes = 0
         self.resident.clear()
         self.last_used.clear()
         self.summaries.clear()
@@ -298,4 +327,4 @@ class RequestPager:
         return freed
 
     def host_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.host.values())
+        return self.host_nbytes

@@ -19,3 +19,18 @@ def pager_config_from(kvflash) -> PagerConfig:
     return PagerConfig(pool_tokens=resolve_pool_tokens(kvflash.pool_tokens, kvflash.chunk_tokens),
                        chunk_tokens=kvflash.chunk_tokens, sink_chunks=kvflash.sink_chunks,
                        recent_chunks=kvflash.recent_chunks)
+
+
+def resolve_host_bytes(host_bytes, local_ranks: int = 1, meminfo: str = "/proc/meminfo") -> int:
+    """Host memory this worker may hold in paged-out KV: the setting, or for 'auto' half of the memory
+    available now (``MemAvailable``), split between the ranks of this host."""
+    if host_bytes != "auto":
+        return int(host_bytes)
+    try:
+        with open(meminfo) as f:
+            available_kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        import os
+
+        available_kib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 1024
+    return available_kib * 1024 // 2 // max(1, local_ranks)

@@ -15,21 +15,25 @@ and ``bind_v2`` (``worker_v2.py``) attach it to vLLM's two model runners.
 
 from __future__ import annotations
 
+import functools
+import time
 from dataclasses import replace
 
 import numpy as np
 import torch
 
+from vllm_luce import metrics
 from vllm_luce.kvflash.kv_store import CPU_LAYOUT, NHD_LAYOUT, PagedPoolStore, TokenLayout
 from vllm_luce.kvflash.pager import PagerConfig, PagerStats, RequestPager
 from vllm_luce.kvflash.policies import make_policy
-from vllm_luce.kvflash.settings import pager_config_from
+from vllm_luce.kvflash.settings import pager_config_from, resolve_host_bytes
 from vllm_luce.log import logger, tag
 
 
 class KVFlashRuntime:
     def __init__(self, config: PagerConfig, policy_name: str, caches: list[torch.Tensor], layout: TokenLayout,
-                 head_size: int, block_size: int, max_num_reqs: int, scorer=None, reduce_max=None):
+                 head_size: int, block_size: int, max_num_reqs: int, scorer=None, reduce_max=None,
+                 host_budget: int | None = None, metric_labels: dict | None = None):
         self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
         self.caches = caches
         self.policy = make_policy(policy_name, scorer, reduce_max)
@@ -40,6 +44,9 @@ class KVFlashRuntime:
         self.step_queries: dict[int, torch.Tensor] = {}  # pooled layer -> [rows, q_heads, head]
         self.host_bytes_released = 0
         self.released = PagerStats()  # totals of released pagers
+        self.host_budget = host_budget  # bytes of paged-out KV this worker may hold (None: unbounded)
+        self.metric_labels = metric_labels or {}
+        self._reported_at = 0.0
 
     def pager(self, req_id: str) -> RequestPager:
         pager = self.pagers.get(req_id)
@@ -47,7 +54,18 @@ class KVFlashRuntime:
             store = PagedPoolStore(self.caches, self.layout, self.head_size, self.block_size, self.config.chunk_tokens)
             pager = self.pagers[req_id] = RequestPager(self.config, store)
             pager.req_id = req_id
+            if self.host_budget is not None:
+                pager.host_allowance = functools.partial(self._host_allowance, pager)
         return pager
+
+    def _host_allowance(self, pager: RequestPager, nbytes: int) -> bool:
+        if self.host_bytes() + nbytes <= self.host_budget:
+            return True
+        if not pager.stats.dropped:
+            logger.warning("%s: KVFlash: host memory for paged-out KV is spent (luce.kvflash.host_bytes = %d); "
+                           "request %s drops its coldest chunks instead of paging them out", tag(),
+                           self.host_budget, getattr(pager, "req_id", "?"))
+        return False
 
     def plan(self, req_ids: list[str], query_start_loc: np.ndarray, positions: np.ndarray, rows: np.ndarray,
              num_blocks: np.ndarray, num_prompt_tokens: np.ndarray) -> np.ndarray:
@@ -66,6 +84,7 @@ class KVFlashRuntime:
                 slots[lo:hi] = pager.store.slots(offsets)
             self.resident_lens[r] = pager.resident_tokens()
         self.step_req_ids = list(req_ids)
+        self.report_metrics()
         self.step_last_rows = np.asarray(query_start_loc[1: len(req_ids) + 1], dtype=np.int64) - 1
         return slots
 
@@ -93,13 +112,30 @@ class KVFlashRuntime:
                 for k, v in vars(pager.stats).items():
                     setattr(self.released, k, getattr(self.released, k) + v)
                 self.host_bytes_released += pager.release()
+        self.report_metrics(force=True)
 
     def host_bytes(self) -> int:
         return sum(p.host_bytes() for p in self.pagers.values())
 
-    def stats(self) -> dict[str, int]:
-        keys = ("page_outs", "page_ins", "bytes_out", "bytes_in", "moves", "reselections")
+    def stats(self) -> dict[str, float]:
+        keys = ("page_outs", "page_ins", "bytes_out", "bytes_in", "moves", "reselections", "dropped", "reselect_s")
         return {k: getattr(self.released, k) + sum(getattr(p.stats, k) for p in self.pagers.values()) for k in keys}
+
+    def report_metrics(self, force: bool = False, every_s: float = 0.5) -> None:
+        """Publish residency and paging totals (``vllm:luce_kvflash_*``), at most every ``every_s``."""
+        now = time.monotonic()
+        if not force and now - self._reported_at < every_s:
+            return
+        self._reported_at = now
+        labels, stats = self.metric_labels, self.stats()
+        metrics.set_gauge("kvflash_requests", len(self.pagers), **labels)
+        metrics.set_gauge("kvflash_resident_chunks", sum(len(p.resident) for p in self.pagers.values()), **labels)
+        metrics.set_gauge("kvflash_host_chunks", sum(len(p.host) for p in self.pagers.values()), **labels)
+        metrics.set_gauge("kvflash_host_bytes", self.host_bytes(), **labels)
+        for name, key in (("page_outs", "page_outs"), ("page_ins", "page_ins"), ("page_out_bytes", "bytes_out"),
+                          ("page_in_bytes", "bytes_in"), ("reselections", "reselections"),
+                          ("reselection_seconds", "reselect_s"), ("host_budget_drops", "dropped")):
+            metrics.set_total("kvflash_" + name, stats[key], **labels)
 
 
 # ------------------------------------------------------------------ Model Runner V1 binding
@@ -145,7 +181,7 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
     block_table = runner.input_batch.block_table[gid]
     runtime = KVFlashRuntime(cfg, luce.kvflash.policy, caches, layout, spec.head_size, block_table.block_size,
                              runner.input_batch.max_num_reqs, scorer=_drafter_scorer(runner, luce, cfg),
-                             reduce_max=_tp_reduce_max())
+                             reduce_max=_tp_reduce_max(), **runtime_options(runner.vllm_config, luce))
     _bind_slot_mapping(runner, block_table, runtime)
     for attn_group in attn_groups:
         attn_group.metadata_builders = [_PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
@@ -153,10 +189,24 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
         _capture_queries(forward_context[name], index, runtime)
     _bind_release(runner, runtime)
     runner.luce_kvflash = runtime
-    logger.info("%s: KVFlash on %d layers (group %d, block %d): pool %d tokens in chunks of %d, policy %s",
-                tag(), len(group.layer_names), gid, block_table.block_size, cfg.pool_tokens, cfg.chunk_tokens,
-                luce.kvflash.policy)
+    logger.info("%s: KVFlash on %d layers (group %d, block %d): pool %d tokens in chunks of %d, policy %s, "
+                "host budget %.1f GiB", tag(), len(group.layer_names), gid, block_table.block_size, cfg.pool_tokens,
+                cfg.chunk_tokens, luce.kvflash.policy, runtime.host_budget / 2**30)
     return runtime
+
+
+def runtime_options(vllm_config, luce) -> dict:
+    """The host budget and metric labels of this worker (shared by the V1 and V2 bindings)."""
+    from vllm.distributed import get_tensor_model_parallel_rank
+
+    parallel = vllm_config.parallel_config
+    local_ranks = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
+    try:
+        rank = get_tensor_model_parallel_rank()
+    except (AssertionError, RuntimeError):  # no parallel state (unit tests)
+        rank = 0
+    budget = resolve_host_bytes(luce.kvflash.host_bytes, local_ranks)
+    return {"host_budget": budget, "metric_labels": {"model_name": metrics.model_name(vllm_config), "rank": rank}}
 
 
 def _drafter_scorer(runner, luce, cfg):

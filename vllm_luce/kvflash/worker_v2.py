@@ -19,7 +19,7 @@ import torch
 
 from vllm_luce.kvflash.settings import pager_config_from
 from vllm_luce.kvflash.worker import (KVFlashRuntime, _capture_queries, _PooledBuilder, _tp_reduce_max,
-                                      layout_for_backend, pooled_group)
+                                      layout_for_backend, pooled_group, runtime_options)
 from vllm_luce.log import logger, tag
 
 
@@ -33,7 +33,8 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
     runtime = KVFlashRuntime(pager_config_from(luce.kvflash), luce.kvflash.policy, caches,
                              layout_for_backend(runner.attn_groups[gid][0].backend.get_name()),
                              group.kv_cache_spec.head_size, block_tables.block_sizes[gid],
-                             block_tables.max_num_reqs, reduce_max=_tp_reduce_max())
+                             block_tables.max_num_reqs, reduce_max=_tp_reduce_max(),
+                             **runtime_options(runner.vllm_config, luce))
     rows: dict[int, list[int]] = {}
     append_block_ids = block_tables.append_block_ids
 

@@ -22,7 +22,7 @@ def _make_wrapper(original):
                 answer = frontend.first_answer(await self.collective_rpc(RPC, args=(ids,)))
             except Exception as e:  # noqa: BLE001 - the request goes on uncompressed
                 answer = frontend.rpc_failed(e)
-            prompt = frontend.compressed_prompt(prompt, answer, request_id)
+            prompt = frontend.compressed_prompt(prompt, answer, request_id, self)
         return await original(self, request_id, prompt, params, *args, **kwargs)
 
     return add_request

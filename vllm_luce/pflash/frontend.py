@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_luce import metrics
 from vllm_luce.log import logger, tag
 
 OPT_OUT_KEY = "luce_pflash"        # request opt-out: extra_body={"vllm_xargs": {"luce_pflash": "off"}}
@@ -44,9 +45,17 @@ def skip_reason(prompt: Any, params: Any, min_prompt_tokens: int) -> str | None:
 def ids_to_score(engine: Any, prompt: Any, params: Any) -> list[int] | None:
     """The prompt's token ids when ``engine`` has PFlash on and this request is eligible, else None."""
     settings = settings_of(engine)
-    if settings is None or skip_reason(prompt, params, settings.min_prompt_tokens) is not None:
+    if settings is None:
+        return None
+    reason = skip_reason(prompt, params, settings.min_prompt_tokens)
+    if reason is not None:
+        metrics.inc("pflash_prompts", outcome="skipped_" + reason.replace(" ", "_"), **_labels(engine))
         return None
     return prompt["prompt_token_ids"]
+
+
+def _labels(engine: Any) -> dict[str, str]:
+    return {"model_name": metrics.model_name(getattr(engine, "vllm_config", None))}
 
 
 def rpc_failed(error: BaseException) -> dict[str, Any]:
@@ -58,20 +67,28 @@ def first_answer(results: list[Any]) -> dict[str, Any] | None:
     return next((r for r in results if r is not None), None)
 
 
-def compressed_prompt(prompt: dict, answer: dict[str, Any] | None, request_id: str) -> dict:
+def compressed_prompt(prompt: dict, answer: dict[str, Any] | None, request_id: str, engine: Any = None) -> dict:
     """The prompt to send: the kept tokens, or the original if scoring failed or kept everything."""
-    if answer is None:
-        return prompt
-    if "error" in answer:
-        logger.warning("%s: PFlash: request %s prefilled uncompressed: %s", tag(), request_id, answer["error"])
+    labels = _labels(engine)
+    if answer is None or "error" in answer:
+        metrics.inc("pflash_prompts", outcome="failed", **labels)
+        if answer is not None:
+            logger.warning("%s: PFlash: request %s prefilled uncompressed: %s", tag(), request_id, answer["error"])
         return prompt
     kept = answer["token_ids"]
+    metrics.inc("pflash_scoring_seconds", (answer["score_ms"] + answer["select_ms"]) / 1e3, **labels)
     logger.info("%s: PFlash: request %s: %d -> %d prompt tokens (%d of %d chunks, %d by anchors; scoring "
                 "%.0f ms, selection %.0f ms%s)", tag(), request_id, answer["prompt_tokens"], len(kept),
                 answer["kept_chunks"], answer["n_chunks"], answer["anchor_chunks"], answer["score_ms"],
                 answer["select_ms"], ", cross-tokenizer" if answer["cross_tokenizer"] else "")
-    if len(kept) >= len(prompt["prompt_token_ids"]):
+    sent = len(prompt["prompt_token_ids"])
+    if len(kept) >= sent:
+        metrics.inc("pflash_prompts", outcome="kept", **labels)
         return prompt
+    metrics.inc("pflash_prompts", outcome="compressed", **labels)
+    metrics.inc("pflash_prompt_tokens", sent, **labels)
+    metrics.inc("pflash_kept_tokens", len(kept), **labels)
+    metrics.set_gauge("pflash_compression_ratio", len(kept) / sent, **labels)
     out = {k: v for k, v in prompt.items() if k not in ("prompt", "prompt_token_offsets")}
     out["prompt_token_ids"] = kept
     return out

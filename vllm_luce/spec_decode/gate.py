@@ -178,6 +178,11 @@ class SpecGate:
 
     # ------------------------------------------------------------------ reporting
 
+    @property
+    def speculating(self) -> bool:
+        """The latest batch decision."""
+        return self._mode
+
     def stopped_requests(self) -> int:
         return sum(1 for s in self.requests.values() if s.stopped_at is not None)
 

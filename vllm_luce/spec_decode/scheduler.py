@@ -17,6 +17,7 @@ import time
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from vllm_luce import metrics
 from vllm_luce.log import logger, tag
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate
 
@@ -46,6 +47,8 @@ class DFlashGateMixin:
         self._luce_scheduled_at: dict[int, float] = {}
         self._luce_last_update = 0.0
         self._luce_last_log = time.monotonic()
+        self._luce_labels = {"model_name": metrics.model_name(self.vllm_config)}
+        self._luce_rates_at = 0.0
         logger.info("%s: DFlash gate on (up to %d draft tokens per step)", tag(), self.luce_max_spec_tokens)
 
     def luce_mean_context(self) -> int:
@@ -71,6 +74,7 @@ class DFlashGateMixin:
         result = super().update_from_output(scheduler_output, model_runner_output)
         self._luce_last_update = time.perf_counter()
         self._luce_release_finished()
+        self._luce_report()
         return result
 
     def _luce_observe(self, scheduler_output, model_runner_output, started: float | None) -> None:
@@ -84,7 +88,9 @@ class DFlashGateMixin:
         for req_id, drafts in spec.items():
             i = index.get(req_id)
             if i is not None and i < len(sampled) and drafts:
-                self.luce_gate.observe_request(req_id, max(0, len(sampled[i]) - 1), batch, context)
+                accepted = max(0, len(sampled[i]) - 1)
+                self.luce_gate.observe_request(req_id, accepted, batch, context)
+                self._luce_count_verify(len(drafts), accepted)
         # A clean sample verifies and drafts in the same mode, with no prompt tokens in the step.
         verified = bool(spec)
         drafted = scheduler_output.num_spec_tokens_to_schedule > 0
@@ -98,6 +104,32 @@ class DFlashGateMixin:
         if time.monotonic() - self._luce_last_log >= LOG_EVERY_S:
             self._luce_last_log = time.monotonic()
             logger.info("%s: %s", tag(), self.luce_gate.summary())
+
+    def _luce_count_verify(self, verified: int, accepted: int) -> None:
+        labels = self._luce_labels
+        metrics.inc("dflash_drafts", **labels)
+        metrics.inc("dflash_verified_tokens", verified, **labels)
+        metrics.inc("dflash_accepted_tokens", accepted, **labels)
+        for position in range(accepted):
+            metrics.inc("dflash_accepted_tokens_per_pos", position=position, **labels)
+
+    def _luce_report(self) -> None:
+        """Gate state into ``vllm:luce_dflash_*`` (per-regime rates at most once a second)."""
+        gate, labels = self.luce_gate, self._luce_labels
+        for mode, steps in gate.decisions.items():
+            metrics.set_total("dflash_gate_steps", steps, mode=mode, **labels)
+        metrics.set_total("dflash_gate_explorations", gate.explorations, **labels)
+        metrics.set_gauge("dflash_gate_speculating", float(gate.speculating), **labels)
+        metrics.set_gauge("dflash_requests_not_drafting", gate.stopped_requests(), **labels)
+        if time.monotonic() - self._luce_rates_at < 1.0:
+            return
+        self._luce_rates_at = time.monotonic()
+        metrics.remove_gauges("dflash_gate_rate_tokens_per_second")
+        for (b, c), r in sorted(gate.regimes.items()):
+            for mode, rate in (("spec", r.spec_rate), ("plain", r.plain_rate)):
+                if rate.samples:
+                    metrics.set_gauge("dflash_gate_rate_tokens_per_second", rate.value, mode=mode, batch_le=b,
+                                      context_le_k=c, **labels)
 
     def _luce_release_finished(self) -> None:
         gate = self.luce_gate
