@@ -2,14 +2,17 @@
 
 Default: the trained Qwen3.6-architecture test model (`tests/assets/trained`, 6.7 M parameters:
 Gated DeltaNet + gated full attention) with its DFlash drafter beside it, served as users will
-type it: `vllm serve TARGET --speculative-model dflash`. It sends a code completion and a chat
-completion, prints the replies, vLLM's speculative-decoding counters and what vllm-luce reported in
-each vLLM process (the drafter found, the gate on), then stops the server.
-`--tiny FAMILY` serves a tiny random-weight checkpoint of that family instead (text is noise;
-the point is the path). Run through `bash scripts/demo.sh`.
+type it: `vllm serve TARGET --speculative-model dflash`. `examples/serve_openai_client.py` queries it
+(a code completion, the same prompt opted out of PFlash, a chat completion, vllm-luce's counters);
+then it prints vLLM's speculative-decoding counters and what vllm-luce reported in each vLLM process
+(the drafter found, the gate on), and stops the server.
+`--all-features` also serves with KVFlash and PFlash (the trained scorer) and sends a 2K-token prompt,
+which PFlash compresses. `--tiny FAMILY` serves a tiny random-weight checkpoint of that family
+instead (text is noise; the point is the path). Run through `bash scripts/demo.sh`.
 """
 
 import argparse
+import json
 import re
 import sys
 import tempfile
@@ -19,16 +22,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples"))
 
+import serve_openai_client  # noqa: E402
 from tests.e2e.server import Server  # noqa: E402
 from tests.fixtures.tiny_models import build_model  # noqa: E402
 from tests.fixtures.trained import heldout_files, trained_model  # noqa: E402
 
 
-def code_prompt() -> str:
-    """The opening of a held-out source file (never trained on), cut at a line end."""
-    text = next(f["text"] for f in heldout_files() if len(f["text"]) > 2000)[:700]
-    return text[: text.rfind("\n") + 1]
+def code_prompt(chars: int) -> str:
+    """The opening of held-out source (never trained on), cut at a line end (without its newline)."""
+    text = "".join(f["text"] for f in heldout_files() if len(f["text"]) > 2000)[:chars]
+    return text[: text.rfind("\n")]
 
 
 def trained_layout(workdir: Path) -> Path:
@@ -58,10 +63,9 @@ def spec_counters(base_url: str) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", metavar="FAMILY", help="serve a tiny random checkpoint (e.g. qwen3_6) instead")
+    parser.add_argument("--all-features", action="store_true", help="also KVFlash and PFlash (trained model only)")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "vllm-luce-demo")
     args = parser.parse_args()
-
-    from openai import OpenAI
 
     start = time.time()
     if args.tiny:
@@ -70,18 +74,17 @@ def main() -> int:
     else:
         model = trained_layout(args.workdir)
         extra = ("--speculative-model", "dflash", "--no-enable-prefix-caching", "--dtype", "bfloat16")
+        if args.all_features:
+            luce = {"kvflash": {"pool_tokens": 1024},
+                    "pflash": {"drafter": str(trained_model("scorer")), "keep_ratio": 0.2, "min_prompt_tokens": 512}}
+            extra += ("--max-model-len", "4096", "--additional-config", json.dumps({"luce": luce}))
         print(f"model: trained Qwen3.6-architecture target at {model}, DFlash drafter beside it")
     with Server(model, args.workdir / "serve.log", *extra) as server:
         print(f"server: vllm serve {' '.join(extra)} healthy at {server.base_url} after {time.time() - start:.1f}s")
-        client = OpenAI(base_url=server.base_url, api_key="unused")
-        prompt = code_prompt()
-        completion = client.completions.create(model=server.served_name, prompt=prompt, max_tokens=64,
-                                               temperature=0)
-        print(f"prompt (held-out code, last lines):\n{''.join(prompt.splitlines(True)[-4:])}")
-        print(f"completion ({completion.usage.completion_tokens} tokens):\n{completion.choices[0].text}\n")
-        chat = client.chat.completions.create(model=server.served_name, max_tokens=24, temperature=0,
-                                              messages=[{"role": "user", "content": "Say hello."}])
-        print(f"chat: {chat.choices[0].message.content!r}")
+        prompt_file = args.workdir / "prompt.txt"
+        prompt_file.write_text(code_prompt(6000 if args.all_features else 700))
+        serve_openai_client.main(["--base-url", server.base_url, "--model", server.served_name,
+                                  "--prompt-file", str(prompt_file)])
         if not args.tiny:
             print(f"speculative decoding: {spec_counters(server.base_url)}")
         print("vllm-luce, as logged by each vLLM process:")
