@@ -47,8 +47,10 @@ LEDGER: tuple[LedgerEntry, ...] = (
         module="vllm_luce.patches.engine_args",
         why="`vllm serve TARGET --speculative-model dflash` is the product's one-flag form; vLLM 0.32 has "
             "no such flag and no hook for plugins to add CLI arguments.",
-        how="Wraps the static add_cli_args (vLLM loads general plugins just before calling it) and adds "
-            "`--speculative-model` as an alias of vLLM's own `--spec-model` (same destination).",
+        how="Wraps the static add_cli_args (vLLM loads general plugins just before calling it), adds "
+            "`--speculative-model` as an alias of vLLM's own `--spec-model` (same destination), and parses "
+            "`--additional-config` strictly as a JSON object (vLLM passes text not shaped like one through "
+            "as a string, which then fails as a pydantic traceback).",
         remove_when="vLLM gains a `--speculative-model` flag or a plugin hook for CLI arguments.",
     ),
     LedgerEntry(
@@ -62,7 +64,8 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "SpeculativeConfig here with no hook before it.",
         how="Wraps create_speculative_config: rewrites the `model` (from --spec-model/--speculative-model "
             "or --speculative-config) to the resolved path, fills method and token count only where the "
-            "user left them unset, checks the drafter against the target, then calls vLLM's code.",
+            "user left them unset, checks the drafter against the target and a local drafter's weights "
+            "(complete safetensors, never pickles), then calls vLLM's code.",
         remove_when="vLLM resolves drafters through a registry or exposes a speculative-config hook.",
     ),
     LedgerEntry(

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import argparse
 import functools
+import json
 from pathlib import Path
 
 from vllm_luce.log import logger, tag
@@ -17,12 +19,33 @@ FLAG_HELP = ("vllm-luce: the speculative drafter. `dflash` finds the DFlash draf
              "method and --spec-tokens default from the drafter (block size - 1).")
 
 
+ADDITIONAL_CONFIG_EXAMPLE = '\'{"luce": {"kvflash": {"pool_tokens": 4096}}}\''
+
+
+def additional_config_json(value: str) -> dict:
+    """`--additional-config` as a JSON object. vLLM's own type passes text that does not look like
+    one ('{"luce": {' cut short) through as a string, which fails later as a pydantic traceback."""
+    if value in ("", "None"):  # vLLM's spelling of "unset"
+        return {}
+    try:
+        parsed = json.loads(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}) in {value!r}; expected a JSON object such as "
+                                         f"{ADDITIONAL_CONFIG_EXAMPLE}") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"got {value!r}; expected a JSON object such as {ADDITIONAL_CONFIG_EXAMPLE}")
+    return parsed
+
+
 def _make_add_cli_args(original):
     @functools.wraps(original)
     def add_cli_args(parser):
         parser = original(parser)
         if not any("--speculative-model" in a.option_strings for a in parser._actions):
             parser.add_argument("--speculative-model", dest="spec_model", default=None, help=FLAG_HELP)
+        for action in parser._actions:
+            if "--additional-config" in action.option_strings:
+                action.type = additional_config_json
         return parser
 
     return add_cli_args
@@ -65,8 +88,10 @@ def apply_dflash_defaults(engine_args, target: str, target_text_config: dict) ->
         spec["model"] = resolved.path
     set_default("spec_method", "method", "dflash")
     if drafter_config is not None:
-        set_default("spec_tokens", "num_speculative_tokens", R.default_num_speculative_tokens(drafter_config))
+        block_tokens = R.default_num_speculative_tokens(drafter_config, resolved.path)
+        set_default("spec_tokens", "num_speculative_tokens", block_tokens)
         R.check_drafter_matches_target(drafter_config, target_text_config, resolved.path, target)
+        R.check_drafter_weights(resolved.path, "--speculative-model" if from_flag else "--speculative-config model")
     if not from_flag:
         engine_args.speculative_config = spec
     return resolved

@@ -36,6 +36,10 @@ class DrafterMismatch(ValueError):
     pass
 
 
+class DrafterWeightsError(ValueError):
+    """A local drafter directory whose weights vLLM could not load safely (pickle-only, truncated)."""
+
+
 @dataclass(frozen=True)
 class ResolvedDrafter:
     path: str  # a local directory, or a repository id given as is
@@ -135,11 +139,33 @@ def load_drafter_config(path: str) -> dict | None:
         return None
 
 
-def default_num_speculative_tokens(drafter_config: dict) -> int:
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")  # as drafter_spec._read_headers names them
+
+
+def check_drafter_weights(path: str, where: str = "--speculative-model") -> None:
+    """A local drafter directory's weights must be complete safetensors: checked here, at startup,
+    from the headers alone. vLLM would otherwise unpickle ``*.bin`` files when no safetensors exist,
+    or fail inside a worker on a truncated file without naming it. A repository id, or a directory
+    with no weight files at all (vLLM's own error names it), is left to vLLM."""
+    root = Path(path)
+    if not root.is_dir():
+        return
+    if not any(root.glob("*.safetensors")) and not any(p.suffix in PICKLE_SUFFIXES for p in root.iterdir()):
+        return
+    from vllm_luce.pflash.drafter_spec import DrafterError, _read_headers  # pure: no weights loaded
+
+    try:
+        _read_headers(root, where)
+    except DrafterError as e:
+        raise DrafterWeightsError(str(e)) from None
+
+
+def default_num_speculative_tokens(drafter_config: dict, path: str | None = None) -> int:
     """A block of B slots is [last token, mask x (B - 1)]: B - 1 drafted tokens per step."""
     block = drafter_config.get("block_size") or (drafter_config.get("dflash_config") or {}).get("block_size")
     if not isinstance(block, int) or block < 2:
-        raise DrafterMismatch(f"DFlash drafter config has block_size {block!r}; expected an integer >= 2")
+        where = f"DFlash drafter {path}: config.json" if path else "DFlash drafter config"
+        raise DrafterMismatch(f"{where} has block_size {block!r}; expected an integer >= 2")
     return block - 1
 
 
