@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 ENV_PREFIX = "VLLM_LUCE_"
 ADDITIONAL_CONFIG_KEY = "luce"
 # Environment variables that are not LuceConfig keys (read at plugin registration).
-NON_CONFIG_ENV = {"SKIP_VERSION_CHECK", "EXECUTORS", "DRAFTER", "METRICS_DIR", "METRICS_OWNER"}
+NON_CONFIG_ENV = {"SKIP_VERSION_CHECK", "EXECUTORS", "DRAFTER"}
 
 
 class LuceConfigError(ValueError):

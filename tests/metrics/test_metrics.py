@@ -70,14 +70,14 @@ def test_publisher_hands_values_to_the_serving_process(tmp_path, monkeypatch):
         "print('published', flush=True)\n"
         "time.sleep(30)\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT), DIR_ENV: str(tmp_path)}
-    env.pop("VLLM_LUCE_METRICS_OWNER", None)
+    env.pop("LUCE_METRICS_OWNER", None)
     proc = subprocess.Popen([sys.executable, "-c", child], env=env, stdout=subprocess.PIPE, text=True)
     try:
         assert proc.stdout.readline().strip() == "published"
         assert (tmp_path / f"{proc.pid}.json").exists()
         mine = MetricStore()
         mine.inc("pflash_prompts", outcome="compressed")
-        text = exposition(mine)  # reads $VLLM_LUCE_METRICS_DIR
+        text = exposition(mine)  # reads $LUCE_METRICS_DIR
         assert 'vllm:luce_kvflash_page_outs_total{rank="0"} 3.0' in text
         assert 'vllm:luce_pflash_prompts_total{outcome="compressed"} 1.0' in text
     finally:

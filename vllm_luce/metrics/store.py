@@ -3,7 +3,7 @@
 vLLM's ``/metrics`` is served by the API server, but DFlash's gate lives in the engine core's
 scheduler and KVFlash's pagers in the workers. Each process keeps its values in one ``MetricStore``;
 a daemon thread writes a JSON snapshot of it (only when it changed, at most once a second) to
-``$VLLM_LUCE_METRICS_DIR/<pid>.json``, replaced atomically. The API server's collector
+``$LUCE_METRICS_DIR/<pid>.json``, replaced atomically. The API server's collector
 (``collector.py``) merges its own store with the snapshots of the other live processes of the same
 server, the way Prometheus' own multiprocess mode merges its mmap files, without switching vLLM's
 metrics into that mode. With ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` there is one process and no file.
@@ -23,8 +23,8 @@ import threading
 import time
 from typing import Iterable
 
-DIR_ENV = "VLLM_LUCE_METRICS_DIR"
-OWNER_ENV = "VLLM_LUCE_METRICS_OWNER"
+DIR_ENV = "LUCE_METRICS_DIR"  # not VLLM_*: vLLM warns about VLLM_ variables it does not know
+OWNER_ENV = "LUCE_METRICS_OWNER"
 PUBLISH_EVERY_S = 1.0
 
 Labels = tuple[tuple[str, str], ...]

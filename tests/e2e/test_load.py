@@ -1,0 +1,85 @@
+"""Load test through `vllm serve` + `openai` (``benchmarks/load_test.py``): 300 requests over 32 concurrent
+streams, short and long prompts, greedy and sampled, on the trained Qwen3.6-architecture model.
+
+Three servers run the same workload one after another: features off (the reference), KVFlash + PFlash,
+and all three features (DFlash too). Every request of every server completes without error; greedy
+requests where the features are lossless (short prompts: the KVFlash pool covers them and PFlash leaves
+them alone) equal the reference, up to bf16 near-ties; host memory grows at most 5% after warm-up;
+`/metrics` shows each feature at work and, once idle, no KVFlash pager or host page held.
+
+With DFlash on, vLLM 0.32's CPU backend itself breaks greedy equality under this load: it produces
+corrupted tokens on hybrid (Gated DeltaNet) targets when concurrent long prompts are prefilled while
+other requests verify drafts. This happens with vllm-luce not loaded at all (``VLLM_PLUGINS=none``, plain
+``--speculative-config``). The strict xfail below records it and fails the day it is fixed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import load_test as L
+
+pytestmark = pytest.mark.e2e
+
+REQUESTS, STREAMS = 300, 32
+WARMUP = 60  # requests done before the first memory sample
+
+
+@pytest.fixture(scope="module")
+def items():
+    return L.workload(REQUESTS)
+
+
+@pytest.fixture(scope="module")
+def runs(items, tmp_path_factory):
+    work = tmp_path_factory.mktemp("load")
+    kv_pf = [a for a in L.luce_args() if a not in ("--speculative-model", "dflash")]
+    out = {}
+    for name, extra, logprobs in (("off", [], True), ("kvflash+pflash", kv_pf, False), ("all", L.luce_args(), False)):
+        out[name] = L.serve_and_load(work, name, extra, items, STREAMS, logprobs, warmup=WARMUP)
+        print(f"{name}: {out[name]['summary']}; RSS {out[name]['rss']}")
+    return out
+
+
+@pytest.mark.parametrize("name", ["off", "kvflash+pflash", "all"])
+def test_every_stream_completes(runs, name):
+    results = runs[name]["results"]
+    assert len(results) == REQUESTS
+    assert [r.error for r in results if r.error] == []
+    assert all(r.completion_tokens == L.MAX_TOKENS[r.item.kind] for r in results)
+    assert "Traceback" not in runs[name]["log"]
+
+
+@pytest.mark.parametrize("name", ["kvflash+pflash", "all"])
+def test_host_memory_growth_after_warmup_is_at_most_5_percent(runs, name):
+    rss = runs[name]["rss"]
+    assert rss["end"] <= 1.05 * rss["after_warmup"], rss
+
+
+def test_kvflash_and_pflash_keep_greedy_outputs_where_lossless(runs):
+    cmp = L.compare_greedy(runs["kvflash+pflash"]["results"], runs["off"]["results"])
+    assert cmp["greedy_compared"] >= 100
+    assert cmp["mismatches"] == []
+    assert cmp["identical"] >= 0.9 * cmp["greedy_compared"], cmp
+
+
+@pytest.mark.xfail(strict=True, reason="vLLM 0.32 CPU: speculative verification on hybrid GDN targets corrupts "
+                                       "tokens under concurrent chunked prefill, without vllm-luce too")
+def test_dflash_keeps_greedy_outputs_under_load(runs):
+    cmp = L.compare_greedy(runs["all"]["results"], runs["off"]["results"])
+    assert cmp["mismatches"] == [], f"{len(cmp['mismatches'])} mismatches, first: {cmp['mismatches'][:1]}"
+
+
+def test_metrics_show_every_feature_at_work_and_nothing_held_when_idle(runs):
+    m = runs["all"]["metrics"]
+    long_prompts = sum(1 for r in runs["all"]["results"] if r.item.kind == "long")
+    assert L.metric(m, "vllm:luce_pflash_prompts_total", outcome="compressed") >= 0.9 * long_prompts
+    assert L.metric(m, "vllm:luce_pflash_kept_tokens_total") < 0.5 * L.metric(m, "vllm:luce_pflash_prompt_tokens_total")
+    assert L.metric(m, "vllm:luce_dflash_drafts_total") > 0
+    assert L.metric(m, "vllm:luce_dflash_gate_steps_total", mode="spec") > 0
+    assert L.metric(m, "vllm:luce_kvflash_page_outs_total") > 0
+    assert L.metric(m, "vllm:luce_kvflash_reselections_total") > 0
+    for idle in ("vllm:luce_kvflash_requests", "vllm:luce_kvflash_host_bytes", "vllm:num_requests_running"):
+        assert L.metric(m, idle) == 0, idle
+    off = runs["off"]["metrics"]
+    assert "vllm:luce_" not in off  # features off: vllm-luce reports nothing
