@@ -223,27 +223,16 @@ def base_args() -> list[str]:
             "--max-num-seqs", "32", "--seed", "0"]
 
 
-def trained_pair(workdir: Path) -> Path:
-    """models/qwen36-target with its DFlash drafter as a sibling, as `--speculative-model dflash` finds it."""
-    from tests.fixtures.trained import trained_model
-
-    models = workdir / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    for name, asset in (("qwen36-target", "qwen36-target"), ("qwen36-target-DFlash", "qwen36-dflash")):
-        if not (models / name).exists():
-            (models / name).symlink_to(trained_model(asset), target_is_directory=True)
-    return models / "qwen36-target"
-
-
 def serve_and_load(workdir: Path, name: str, extra: list[str], items: list[Item], concurrency: int,
                    want_logprobs: bool, env: dict | None = None, warmup: int | None = None) -> dict:
     """Start a server, run the workload, sample memory after ``warmup`` requests and at the end."""
     import os
 
     from tests.e2e.server import Server
+    from tests.fixtures.trained import served_pair
 
     os.environ.update(env or {})
-    server = Server(trained_pair(workdir), workdir / f"{name}.log", *base_args(), *extra, served_name="t")
+    server = Server(served_pair(workdir), workdir / f"{name}.log", *base_args(), *extra, served_name="t")
     with server:
         rss: dict[str, int] = {}
 

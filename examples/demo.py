@@ -27,24 +27,13 @@ sys.path.insert(0, str(ROOT / "examples"))
 import serve_openai_client  # noqa: E402
 from tests.e2e.server import Server  # noqa: E402
 from tests.fixtures.tiny_models import build_model  # noqa: E402
-from tests.fixtures.trained import heldout_files, trained_model  # noqa: E402
+from tests.fixtures.trained import heldout_files, served_pair, trained_model  # noqa: E402
 
 
 def code_prompt(chars: int) -> str:
     """The opening of held-out source (never trained on), cut at a line end (without its newline)."""
     text = "".join(f["text"] for f in heldout_files() if len(f["text"]) > 2000)[:chars]
     return text[: text.rfind("\n")]
-
-
-def trained_layout(workdir: Path) -> Path:
-    """models/qwen36-target and its sibling models/qwen36-target-DFlash: how users keep a pair."""
-    models = workdir / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    for name, asset in (("qwen36-target", "qwen36-target"), ("qwen36-target-DFlash", "qwen36-dflash")):
-        link = models / name
-        if not link.exists():
-            link.symlink_to(trained_model(asset), target_is_directory=True)
-    return models / "qwen36-target"
 
 
 def spec_counters(base_url: str) -> str:
@@ -72,7 +61,7 @@ def main() -> int:
         model, extra = build_model(args.tiny, args.workdir / args.tiny), ()
         print(f"model: tiny {args.tiny} checkpoint at {model}")
     else:
-        model = trained_layout(args.workdir)
+        model = served_pair(args.workdir)
         extra = ("--speculative-model", "dflash", "--no-enable-prefix-caching", "--dtype", "bfloat16")
         if args.all_features:
             luce = {"kvflash": {"pool_tokens": 1024},
