@@ -273,7 +273,7 @@ class RequestPager:
         self.host[chunk] = data
         self.host_nbytes += self.chunk_nbytes
         self.stats.page_outs += 1
-        self.stats.bytes_out += data.numel() * data.element_size()
+        self.stats.bytes_out += self.chunk_nbytes
 
     def _reselect(self, policy) -> list[tuple[int, int]]:
         """Swap in host chunks that outscore resident evictable ones; returns (chunk, 0) loads."""
@@ -303,10 +303,11 @@ class RequestPager:
         for position, chunk in enumerate(self.resident):
             if chunk in loading:
                 data = self.host.pop(chunk)
-                self.host_nbytes -= _nbytes(data)
+                nbytes = _nbytes(data)
+                self.host_nbytes -= nbytes
                 loads.append((position, data))
                 self.stats.page_ins += 1
-                self.stats.bytes_in += data.numel() * data.element_size()
+                self.stats.bytes_in += nbytes
             elif chunk in old_position and old_position[chunk] != position:
                 moves.append((position, old_position[chunk]))
         if moves or loads:

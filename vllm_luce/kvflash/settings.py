@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from vllm_luce.kvflash.pager import PagerConfig
 
 # "auto": 4096 tokens, Lucebox's default budget (72 MiB of resident KV for Qwen3.6-27B at any context).
@@ -30,7 +32,5 @@ def resolve_host_bytes(host_bytes, local_ranks: int = 1, meminfo: str = "/proc/m
         with open(meminfo) as f:
             available_kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError, IndexError):
-        import os
-
         available_kib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 1024
     return available_kib * 1024 // 2 // max(1, local_ranks)

@@ -1,7 +1,7 @@
 """vllm-luce's metrics in vLLM's ``/metrics`` (``vllm:luce_*``; the list is ``catalog.py``).
 
 Producers call ``inc`` / ``set_total`` / ``set_gauge`` with a name from the catalog and labels
-(``model_name`` is added by ``labels_for``). ``install()`` (run by the plugin's ``register()`` in every
+(each producer adds ``model_name``, from ``model_name(vllm_config)``). ``install()`` (run by the plugin's ``register()`` in every
 process) names the directory where non-serving processes publish and registers the collector in
 prometheus_client's default registry, the one vLLM serves and ``LLM.get_metrics()`` reads.
 """

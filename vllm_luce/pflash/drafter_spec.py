@@ -73,7 +73,7 @@ class DrafterSpec:
                 intermediate_size=int(cfg["intermediate_size"]),
                 rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
                 rms_eps=float(cfg.get("rms_norm_eps", 1e-6)), qk_norm=qk_norm,
-                qkv_bias=bool(cfg.get("attention_bias", qkv_bias)), tensors=_read_headers(root, where))
+                qkv_bias=bool(cfg.get("attention_bias", qkv_bias)), tensors=read_headers(root, where))
         except KeyError as e:
             raise DrafterError(f"{where}: {cfg_file} has no {e.args[0]!r}") from None
         if spec.num_heads % spec.num_kv_heads:
@@ -112,11 +112,14 @@ class DrafterSpec:
                                    f"config.json implies {list(shape)}")
 
 
-def _read_headers(root: Path, where: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")  # pickle checkpoints: never read
+
+
+def read_headers(root: Path, where: str) -> dict[str, tuple[str, tuple[int, ...]]]:
     """name -> (file, shape) over the directory's safetensors files, checking each file's size."""
     files = sorted(root.glob("*.safetensors"))
     if not files:
-        pickles = sorted(p.name for p in root.iterdir() if p.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+        pickles = sorted(p.name for p in root.iterdir() if p.suffix in PICKLE_SUFFIXES)
         hint = f" (found {', '.join(pickles)}: pickle checkpoints are never loaded)" if pickles else ""
         raise DrafterError(f"{where}: {root} has no *.safetensors weights{hint}")
     out: dict[str, tuple[str, tuple[int, ...]]] = {}

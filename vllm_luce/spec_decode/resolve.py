@@ -139,9 +139,6 @@ def load_drafter_config(path: str) -> dict | None:
         return None
 
 
-PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")  # as drafter_spec._read_headers names them
-
-
 def check_drafter_weights(path: str, where: str = "--speculative-model") -> None:
     """A local drafter directory's weights must be complete safetensors: checked here, at startup,
     from the headers alone. vLLM would otherwise unpickle ``*.bin`` files when no safetensors exist,
@@ -150,12 +147,12 @@ def check_drafter_weights(path: str, where: str = "--speculative-model") -> None
     root = Path(path)
     if not root.is_dir():
         return
+    from vllm_luce.pflash.drafter_spec import PICKLE_SUFFIXES, DrafterError, read_headers  # pure: headers only
+
     if not any(root.glob("*.safetensors")) and not any(p.suffix in PICKLE_SUFFIXES for p in root.iterdir()):
         return
-    from vllm_luce.pflash.drafter_spec import DrafterError, _read_headers  # pure: no weights loaded
-
     try:
-        _read_headers(root, where)
+        read_headers(root, where)
     except DrafterError as e:
         raise DrafterWeightsError(str(e)) from None
 
