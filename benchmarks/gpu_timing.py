@@ -31,3 +31,15 @@ def copy_bandwidth(device="cuda") -> float:
     x = torch.empty(1 << 30, dtype=torch.uint8, device=device)
     y = torch.empty_like(x)
     return 2 * x.numel() / (timed(lambda: y.copy_(x), 20) / 1e3)
+
+
+def timed_graph(fn, reps: int, warmup: int = 3) -> float:
+    """Mean milliseconds of ``fn()`` replayed from a CUDA graph (as vLLM runs decode), so that Python
+    launch overhead does not count; ``fn`` runs eagerly ``warmup`` times first (autotuning)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return timed(graph.replay, reps, warmup=1)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
+import triton.language as tl
 
 # The values Triton itself accepts as "on" for TRITON_INTERPRET (its knobs parse it case-insensitively).
 _TRUE_VALUES = frozenset({"1", "true", "on", "yes", "y"})
@@ -28,3 +30,22 @@ def autotune(configs: list[triton.Config], key: list[str], **kwargs):
     if is_interpreter():
         configs = configs[:1]
     return triton.autotune(configs=configs, key=key, **kwargs)
+
+
+LOG2E = 1.4426950408889634  # kernels keep logits in log2 units and use exp2
+
+
+def upcast_dots(dtype: torch.dtype) -> bool:
+    """The CPU interpreter stores bfloat16 as uint16 and tl.dot multiplies those as integers: there,
+    and only there, bf16 dot operands are upcast to fp32 first (GPUs run the bf16 tensor-core dot)."""
+    return dtype == torch.bfloat16 and is_interpreter()
+
+
+@triton.jit
+def dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
+    """tl.dot with fp32 operands kept exact (IEEE, not tf32) and the interpreter's bf16 upcast."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    if IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    return tl.dot(a, b)

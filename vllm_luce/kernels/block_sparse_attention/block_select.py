@@ -25,17 +25,10 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_luce.kernels._triton import autotune, is_interpreter
+from vllm_luce.kernels._triton import LOG2E, autotune, is_interpreter, upcast_dots  # noqa: F401 (re-exported)
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-LOG2E = 1.4426950408889634
 MAX_HEAD_DIM = 256
-
-
-def upcast_dots(dtype: torch.dtype) -> bool:
-    """The CPU interpreter stores bfloat16 as uint16 and tl.dot multiplies those as integers: there,
-    and only there, bf16 dot operands are upcast to fp32 first (GPUs run the bf16 tensor-core dot)."""
-    return dtype == torch.bfloat16 and is_interpreter()
 
 
 @autotune(configs=[triton.Config({"BLOCK_T": 32}, num_warps=4), triton.Config({"BLOCK_T": 64}, num_warps=4),

@@ -19,18 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_luce.kernels._triton import autotune
+from vllm_luce.kernels._triton import autotune, dot
 from vllm_luce.kernels.block_sparse_attention.block_select import (
     LOG2E, block_mean_keys, check_block_size, check_qkv, check_scale, check_selection, select_blocks, upcast_dots)
-
-
-@triton.jit
-def _dot(a, b, IEEE: tl.constexpr, UPCAST: tl.constexpr):
-    if UPCAST:  # the interpreter's bf16 (see upcast_dots)
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    if IEEE:
-        return tl.dot(a, b, input_precision="ieee")
-    return tl.dot(a, b)
 
 
 @triton.jit
@@ -38,14 +29,14 @@ def _attend(q, k_base, v_base, stride_kt, stride_vt, cols, dims, dmask, kv_mask,
             MASKED: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr):
     """One online-softmax step over the keys `cols` (visible[row, col] applies when MASKED)."""
     k = tl.load(k_base + cols[None, :].to(tl.int64) * stride_kt, mask=kv_mask[None, :] & dmask[:, None], other=0.0)
-    logits = _dot(q, k, IEEE, UPCAST) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
+    logits = dot(q, k, IEEE, UPCAST) * qk_scale  # [BLOCK_M, BLOCK_N], log2 units
     if MASKED:
         logits = tl.where(visible, logits, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(logits, axis=1))
     correction = tl.exp2(m_i - m_new)
     p = tl.exp2(logits - m_new[:, None])
     v = tl.load(v_base + cols[:, None].to(tl.int64) * stride_vt, mask=kv_mask[:, None] & dmask[None, :], other=0.0)
-    acc = acc * correction[:, None] + _dot(p.to(v.dtype), v, IEEE, UPCAST)
+    acc = acc * correction[:, None] + dot(p.to(v.dtype), v, IEEE, UPCAST)
     return m_new, l_i * correction + tl.sum(p, axis=1), acc
 
 

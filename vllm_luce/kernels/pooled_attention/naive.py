@@ -1,11 +1,13 @@
-"""Reference semantics of pooled decode attention (plain PyTorch, fp32).
+"""Reference semantics of pooled attention (plain PyTorch, fp32).
 
-Request b attends from one query token per head to the keys its page table lists: entry i holds
-pool slot ``slot_table[b, i]`` (-1: unused), whose ``chunk`` rows are the keys at logical
-positions ``chunk_pos[b, i] .. + chunk - 1``. A key is visible when its logical position is below
-``seq_lens[b]`` (causal by logical position, so a partial last chunk and rejected drafts written
-past it are masked). With ``window``, it is also no further back than ``window - 1`` positions
-from the query (the query is at ``seq_lens[b] - 1``). Query head h reads KV head ``h // (Hq / Hkv)``.
+Request b's page table lists its keys: entry i holds pool slot ``slot_table[b, i]`` (-1: unused), whose
+``chunk`` rows are the keys at logical positions ``chunk_pos[b, i] .. + chunk - 1``. A query token at
+logical position p sees a key at position j when j <= p (causal by logical position, so a partial
+last chunk and rejected drafts written past it are masked) and, with ``window``, j > p - window.
+Query head h reads KV head ``h // (Hq / Hkv)``. A query that sees nothing gets zeros.
+
+Decode has one query per request at position ``seq_lens[b] - 1``; chunked prefill packs request b's
+query tokens at rows ``query_start_loc[b] .. query_start_loc[b + 1] - 1`` with positions ``q_pos``.
 """
 
 from __future__ import annotations
@@ -13,28 +15,37 @@ from __future__ import annotations
 import torch
 
 
-def pooled_attention_naive(q, k_pool, v_pool, slot_table, chunk_pos, seq_lens, scale: float,
-                           window: int | None = None) -> torch.Tensor:
-    """q [B, Hq, D]; k_pool, v_pool [slots, chunk, Hkv, D]; slot_table, chunk_pos [B, E]; seq_lens [B]."""
-    B, Hq, D = q.shape
+def pooled_attention_varlen_naive(q, k_pool, v_pool, query_start_loc, q_pos, slot_table, chunk_pos, scale: float,
+                                  window: int | None = None) -> torch.Tensor:
+    """q [N, Hq, D]; k_pool, v_pool [slots, chunk, Hkv, D]; query_start_loc [B + 1]; q_pos [N];
+    slot_table, chunk_pos [B, E]."""
+    N, Hq, D = q.shape
     chunk, Hkv = k_pool.shape[1], k_pool.shape[2]
     group = Hq // Hkv
-    out = torch.zeros(B, Hq, D, dtype=torch.float32)
-    for b in range(B):
+    out = torch.zeros(N, Hq, D, dtype=torch.float32)
+    for b in range(len(query_start_loc) - 1):
+        lo, hi = int(query_start_loc[b]), int(query_start_loc[b + 1])
         used = slot_table[b] >= 0
         slots, starts = slot_table[b][used].long(), chunk_pos[b][used].long()
-        if len(slots) == 0:
+        if hi == lo or len(slots) == 0:
             continue
         keys = k_pool[slots].float().reshape(-1, Hkv, D)  # [E * chunk, Hkv, D]
         vals = v_pool[slots].float().reshape(-1, Hkv, D)
-        pos = (starts[:, None] + torch.arange(chunk)).reshape(-1)
-        visible = pos < int(seq_lens[b])
+        kpos = (starts[:, None] + torch.arange(chunk)).reshape(-1)
+        qp = q_pos[lo:hi].long()[:, None]
+        visible = kpos[None, :] <= qp  # [T, keys]
         if window is not None:
-            visible &= pos > int(seq_lens[b]) - 1 - window
-        if not bool(visible.any()):
-            continue
-        keys, vals = keys[visible], vals[visible]
+            visible &= kpos[None, :] > qp - window
         for h in range(Hq):
-            logits = keys[:, h // group] @ q[b, h].float() * scale
-            out[b, h] = torch.softmax(logits, dim=0) @ vals[:, h // group]
+            logits = q[lo:hi, h].float() @ keys[:, h // group].T * scale
+            probs = torch.softmax(logits.masked_fill(~visible, float("-inf")), dim=-1).nan_to_num(0.0)
+            out[lo:hi, h] = probs @ vals[:, h // group]
     return out
+
+
+def pooled_attention_naive(q, k_pool, v_pool, slot_table, chunk_pos, seq_lens, scale: float,
+                           window: int | None = None) -> torch.Tensor:
+    """Decode: q [B, Hq, D], one token per request at position seq_lens[b] - 1."""
+    B = q.shape[0]
+    return pooled_attention_varlen_naive(q, k_pool, v_pool, torch.arange(B + 1), seq_lens.long() - 1, slot_table,
+                                         chunk_pos, scale, window)
