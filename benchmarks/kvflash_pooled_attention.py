@@ -9,7 +9,8 @@ kernel launched from Python. Decode, one token per request, for each context L a
 * ``pooled``: ``pooled_attention`` over a 4K-token pool (64 chunks of 64) in shuffled slots;
 * ``pooled_full``: the same kernel with the pool covering the whole context (the 1.25x goal at 32K).
 Bandwidth is the bytes the kernel must read (K and V of the visible slots) over its time, compared
-with the device's measured copy bandwidth. ``--sweep`` also times each page-table split count.
+with the device's measured copy bandwidth. ``--sweep`` also times each page-table split count and
+key-tile size.
 Chunked prefill: ``pooled_attention_varlen`` for the last ``--prefill-chunk`` tokens of a context
 held whole in the pool, against causal flash SDPA of the same queries over the contiguous context.
 """
@@ -60,8 +61,8 @@ def decode_rows(args, bw: float, g: torch.Generator) -> list[dict]:
             cases = [("pooled", args.pool)] + ([("pooled_full", L)] if L <= args.full_max else [])
             for name, tokens in cases:
                 k, v, slots, pos, lens = pooled_case(B, tokens, L, g)
-                call = lambda s=None: pooled_attention(q, k, v, slots, pos, lens, D ** -0.5, out=out,  # noqa: E731
-                                                       num_splits=s)
+                call = lambda s=None, n=None: pooled_attention(q, k, v, slots, pos, lens, D ** -0.5,  # noqa: E731
+                                                               out=out, num_splits=s, block_n=n)
                 ms = timed_graph(call, args.reps)
                 nbytes = 2 * B * tokens * HKV * D * 2
                 row.update({f"{name}_ms": round(ms, 4), f"{name}_vs_sdpa": round(ms / sdpa, 3),
@@ -73,6 +74,8 @@ def decode_rows(args, bw: float, g: torch.Generator) -> list[dict]:
                 if args.sweep:
                     row[f"{name}_sweep_ms"] = {s: round(timed_graph(lambda s=s: call(s), args.reps), 4)
                                                for s in (1, 2, 4, 8, 16, 32, 64, 128) if s <= tokens // CHUNK}
+                    row[f"{name}_block_n_ms"] = {n: round(timed_graph(lambda n=n: call(None, n), args.reps), 4)
+                                                 for n in (32, 64, 128)}
                 del k, v
             rows.append(row)
             print(json.dumps(row), flush=True)

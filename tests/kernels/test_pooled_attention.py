@@ -57,6 +57,15 @@ def test_shapes_gqa_and_head_dims(Hq, Hkv, D, chunk, device, poisoned):
     torch.testing.assert_close(out, pooled_attention_naive(*cpu(*case), scale=0.1), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("block_n", [16, 32, 128])
+def test_key_tiles_within_and_across_chunks(block_n, device, poisoned):
+    """A key tile covers part of a 32-row chunk (16), one chunk (32) or several chunks (128)."""
+    case = make_case(B=2, Hq=4, Hkv=2, D=64, chunk=32, slots=13, seq_lens=(150, 37), dtype=torch.float32, seed=2,
+                     device=device)
+    out = pooled_attention(*case, scale=0.1, out=poisoned((2, 4, 64)), num_splits=2, block_n=block_n).cpu()
+    torch.testing.assert_close(out, pooled_attention_naive(*cpu(*case), scale=0.1), rtol=1e-5, atol=1e-5)
+
+
 def test_whole_context_in_the_pool_equals_plain_attention(device, poisoned):
     """Slots holding the full context in any order give ordinary causal attention of the last token."""
     case = make_case(B=1, Hq=6, Hkv=2, D=64, chunk=16, slots=9, seq_lens=(75,), dtype=torch.float32, device=device)

@@ -88,14 +88,16 @@ def chunk_scores(token_scores: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
     return padded.view(n_chunks, chunk_tokens).sum(1) / counts
 
 
-def anchor_chunks(token_ids: torch.Tensor, cfg: SelectionConfig, n_chunks: int) -> list[int]:
-    """Chunks forced by exact n-gram matches of the query (last tokens) in the body, latest n-gram first."""
+def anchor_chunks(token_ids: torch.Tensor, cfg: SelectionConfig, n_chunks: int,
+                  tier: tuple[int, int] | None = None) -> list[int]:
+    """Chunks forced by exact n-gram matches of the query (last tokens) in the body, latest n-gram first.
+    ``tier``: (radius, max_hits) instead of the prompt-length tier."""
     n, q = cfg.anchor_ngram, cfg.anchor_query_tokens
     ids = token_ids.flatten().long()
     body_len = ids.numel() - q
     if body_len < n or q < n:
         return []
-    radius, max_hits = anchor_tier(n_chunks)
+    radius, max_hits = tier or anchor_tier(n_chunks)
     body = ids[:body_len].unfold(0, n, 1)                      # [B, n]
     query = ids[body_len:].unfold(0, n, 1)
     seen: set[tuple[int, ...]] = set()
