@@ -17,8 +17,8 @@ def test_chunk_means_cache_and_refresh():
         calls.append(len(ids))
         return torch.tensor([float(i % 7) for i in ids])
 
-    scorer = DrafterChunkScorer(token_scores, lambda req_id: tokens, chunk_tokens=64, refresh_tokens=256)
-    pager = SimpleNamespace(req_id="a", num_tokens=300)
+    scorer = DrafterChunkScorer(token_scores, lambda req_id: (tokens, 300), chunk_tokens=64, refresh_tokens=256)
+    pager = SimpleNamespace(req_id="a", num_tokens=100)  # prefill: the whole 300-token prompt is scored
     got = scorer(pager, [0, 3, 4, 9])
     expected = [sum(i % 7 for i in range(c * 64, c * 64 + 64)) / 64 for c in (0, 3)]
     assert got[:2].tolist() == expected and got[2:].tolist() == [float("inf")] * 2  # chunk 4 is partial
@@ -43,7 +43,7 @@ def test_chunks_holding_the_question_s_ngrams_outrank_attention():
     def token_scores(ids):
         return torch.tensor([1.0 if 7 * 64 <= i < 8 * 64 else 0.0 for i in range(len(ids))])
 
-    scorer = DrafterChunkScorer(token_scores, lambda req_id: tokens, chunk_tokens=64, refresh_tokens=256)
+    scorer = DrafterChunkScorer(token_scores, lambda req_id: (tokens, 800), chunk_tokens=64, refresh_tokens=256)
     got = scorer(SimpleNamespace(req_id="a", num_tokens=800), list(range(12)))
     order = torch.argsort(got[:12], descending=True, stable=True).tolist()
     assert order[:3] == [5, 2, 7] and got[0] == 0.0

@@ -7,10 +7,18 @@ mapping produces, so the pool works with any block size (chunks need not align w
 Each layer's cache tensor is viewed so that one (block, token) pair indexes one token's K and V
 (``TokenLayout``). Chunk data read for paging is ``[layers, tokens, ...]`` in that layout's token
 form: bytes exactly as stored, so page-out then page-in is bit-exact.
+
+On a GPU, host copies run on a side stream. Page-out gathers the chunk into a staging tensor on the
+compute stream (so the slot may be overwritten right after) and copies it to pinned host memory on
+the copy stream, which the compute stream never waits for. Page-in copies host to device on the
+copy stream (after any page-out still in flight, by stream order) and the compute stream waits for
+that copy before scattering. In the FlashAttention layout a layer's gather or scatter is one
+``index_select`` / ``index_copy_`` over its token rows.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,6 +60,21 @@ class TokenLayout:
 CPU_LAYOUT, NHD_LAYOUT = TokenLayout("cpu"), TokenLayout("nhd")
 
 
+def _token_rows(views: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """[2, blocks * block, heads, head] views (never copies) of FlashAttention-layout caches, or None
+    when a cache's strides do not allow one (then tokens are indexed by block and offset)."""
+    try:
+        return [v.view(v.shape[0], v.shape[1] * v.shape[2], *v.shape[3:]) for v in views]
+    except RuntimeError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _copy_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for every request's host copies."""
+    return torch.cuda.Stream(device)
+
+
 class PagedPoolStore:
     """One request's pool inside vLLM's KV caches of the pooled layers (all layers at once)."""
 
@@ -61,16 +84,22 @@ class PagedPoolStore:
         self.layout, self.block_size, self.chunk = layout, block_size, chunk_tokens
         self.cache_block_size = layout.block_size(self.views[0]) if self.views else block_size
         self.row: np.ndarray = np.zeros(0, dtype=np.int64)  # the request's block ids, set every step
+        self.device = self.views[0].device if self.views else torch.device("cpu")
+        self.rows = _token_rows(self.views) if layout.name == "nhd" else None
+        self.copy_stream = _copy_stream(self.device) if self.device.type == "cuda" else None
 
     def slots(self, offsets) -> np.ndarray:
         """Linear cache slots of pool offsets (what vLLM's slot mapping holds)."""
         offsets = np.asarray(offsets, dtype=np.int64)
         return self.row[offsets // self.block_size].astype(np.int64) * self.block_size + offsets % self.block_size
 
+    def _cache_slots(self, position: int) -> torch.Tensor:
+        offsets = np.arange(position * self.chunk, (position + 1) * self.chunk)
+        return torch.from_numpy(self.slots(offsets)).to(self.device)
+
     def _index(self, position: int):
-        slots = torch.from_numpy(self.slots(np.arange(position * self.chunk, (position + 1) * self.chunk)))
-        device = self.views[0].device
-        return (slots // self.cache_block_size).to(device), (slots % self.cache_block_size).to(device)
+        slots = self._cache_slots(position)
+        return slots // self.cache_block_size, slots % self.cache_block_size
 
     def _tokens(self, position: int) -> list[torch.Tensor]:
         """Each layer's K and V of the chunk at ``position``, in the layout's token form."""
@@ -78,21 +107,53 @@ class PagedPoolStore:
         return [v[index] for v in self.views]
 
     def read(self, position: int) -> torch.Tensor:
-        return torch.stack(self._tokens(position))
+        if self.rows is None:
+            return torch.stack(self._tokens(position))
+        slots = self._cache_slots(position)
+        out = torch.empty((len(self.rows), 2, self.chunk, *self.rows[0].shape[2:]), dtype=self.rows[0].dtype,
+                          device=self.device)
+        for layer, rows in enumerate(self.rows):
+            torch.index_select(rows, 1, slots, out=out[layer])
+        return out
 
     def read_host(self, position: int) -> torch.Tensor:
-        """``read`` copied to host memory (pinned when the cache is on a GPU, for full copy bandwidth)."""
-        data = self.read(position)
-        if data.device.type == "cpu":
-            return data.clone()
+        """``read`` copied to host memory: pinned and on the copy stream when the cache is on a GPU."""
+        data = self.read(position)  # a fresh tensor: the slot may be overwritten once this is queued
+        if self.copy_stream is None:
+            return data
         host = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
-        host.copy_(data)
+        self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.copy_stream):
+            host.copy_(data, non_blocking=True)
+        data.record_stream(self.copy_stream)  # the staging tensor outlives the copy
         return host
 
+    def synchronize(self) -> None:
+        """Wait for host copies in flight (before reading paged-out bytes on the host)."""
+        if self.copy_stream is not None:
+            self.copy_stream.synchronize()
+
+    def _to_device(self, data: torch.Tensor) -> torch.Tensor:
+        if data.device == self.device:
+            return data
+        if self.copy_stream is None:
+            return data.to(self.device)
+        with torch.cuda.stream(self.copy_stream):
+            staged = data.to(self.device, non_blocking=True)
+        torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
+        staged.record_stream(torch.cuda.current_stream(self.device))
+        return staged
+
     def write(self, position: int, data: torch.Tensor) -> None:
-        index = self.layout.index(*self._index(position))
-        for v, d in zip(self.views, data):
-            v[index] = d.to(v.device, non_blocking=True)
+        data = self._to_device(data)
+        if self.rows is None:
+            index = self.layout.index(*self._index(position))
+            for v, d in zip(self.views, data):
+                v[index] = d
+            return
+        slots = self._cache_slots(position)
+        for rows, d in zip(self.rows, data):
+            rows.index_copy_(1, slots, d)
 
     def rearrange(self, moves, loads) -> None:
         staged = [(dst, self.read(src)) for dst, src in moves]  # read everything before writing

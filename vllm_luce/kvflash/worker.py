@@ -222,9 +222,10 @@ def _drafter_scorer(runner, luce, cfg):
         raise RuntimeError("luce.kvflash.policy 'scorer' with tensor/pipeline parallelism is not supported yet; "
                            "use 'qk'")
 
-    def tokens_of(req_id: str) -> list[int]:
+    def tokens_of(req_id: str) -> tuple[list[int], int]:
         state = runner.requests[req_id]
-        return list(state.prompt_token_ids or []) + list(state.output_token_ids)
+        prompt = list(state.prompt_token_ids or [])
+        return prompt + list(state.output_token_ids), len(prompt)
 
     return DrafterChunkScorer(service.scorer.token_scores, tokens_of, cfg.chunk_tokens,
                               refresh_tokens=max(cfg.pool_tokens // 2, 256))

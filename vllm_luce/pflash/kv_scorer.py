@@ -6,9 +6,11 @@ the context's last 96 tokens (the question and what has been generated since), f
 before them, outranks every attention score, latest 4-gram first. Measured on the needle fixture
 (docs/fidelity.md): attention alone brought back 0% of needles at 12.5-25% residency.
 
-A scoring pass reads the whole context, so it is refreshed only when the context has grown by at
-least ``refresh_tokens`` since the last pass of that request (the first decode, and reselections,
-find fresh scores); chunks newer than the last pass score +inf (they are recent: keep them).
+A scoring pass reads the whole prompt, even while it is still being prefilled (vLLM has all of it,
+and its end is the question, which decides what matters: scoring only the part prefilled so far
+evicted the needle before the question arrived), and then the generated tokens. It is refreshed
+when the context has grown by at least ``refresh_tokens`` since the last pass; chunks newer than the
+last pass score +inf (they are recent: keep them).
 """
 
 from __future__ import annotations
@@ -23,8 +25,9 @@ ANCHOR_TIER = (0, 8)  # (radius, max hits): only the chunk holding the match, as
 
 
 class DrafterChunkScorer:
-    def __init__(self, token_scores: Callable[[list[int]], torch.Tensor], tokens_of: Callable[[str], list[int]],
-                 chunk_tokens: int, refresh_tokens: int):
+    def __init__(self, token_scores: Callable[[list[int]], torch.Tensor],
+                 tokens_of: Callable[[str], tuple[list[int], int]], chunk_tokens: int, refresh_tokens: int):
+        """``tokens_of(req_id)`` -> (the request's prompt + output token ids, prompt length)."""
         self.token_scores, self.tokens_of = token_scores, tokens_of
         self.chunk_tokens, self.refresh_tokens = chunk_tokens, refresh_tokens
         self.cache: dict[str, tuple[int, torch.Tensor]] = {}  # req_id -> (tokens scored, chunk scores)
@@ -33,8 +36,9 @@ class DrafterChunkScorer:
     def __call__(self, pager, chunks: list[int]) -> torch.Tensor:
         req_id, n = pager.req_id, pager.num_tokens
         scored, per_chunk = self.cache.get(req_id, (0, None))
-        if per_chunk is None or n - scored >= self.refresh_tokens:
-            ids = self.tokens_of(req_id)[:n]
+        ids, prompt_len = self.tokens_of(req_id)
+        if per_chunk is None or n - scored >= self.refresh_tokens or scored < prompt_len <= n:
+            ids = ids[: max(n, prompt_len)]  # during prefill, the whole prompt: its end is the question
             # complete chunks only: a partial last chunk is recent and never scored
             per_chunk = chunk_scores(self.token_scores(ids), self.chunk_tokens)[: len(ids) // self.chunk_tokens]
             anchors = anchor_chunks(torch.tensor(ids), SelectionConfig(chunk_tokens=self.chunk_tokens),
@@ -42,7 +46,7 @@ class DrafterChunkScorer:
             top = float(per_chunk.max()) + 1.0 if per_chunk.numel() else 1.0
             for rank, c in enumerate(a for a in anchors if a < per_chunk.numel()):
                 per_chunk[c] = top + len(anchors) - rank  # above every attention score, latest match first
-            self.cache[req_id] = (n, per_chunk)
+            self.cache[req_id] = (len(ids), per_chunk)
             self.passes += 1
         full = per_chunk.numel()
         return torch.tensor([float(per_chunk[c]) if c < full else float("inf") for c in chunks])
