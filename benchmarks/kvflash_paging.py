@@ -5,7 +5,9 @@
 A Qwen3-8B-shaped model pools 36 full-attention layers (8 KV heads, head dim 128, bf16) in the
 FlashAttention layout ``[2, blocks, 16, heads, dim]``. One 64-token chunk is 9.4 MB over all
 layers. Measured through ``PagedPoolStore`` (what the worker runs):
-* ``page_out``: gather the chunk from every layer, copy to pinned host memory;
+* ``page_out``: gather the chunk from every layer, copy to pinned host memory, until the copy is done;
+* ``page_out_compute_stream``: what the compute stream spends on a page-out (the gather; the host copy
+  runs on the side stream);
 * ``page_in``: copy host bytes back and scatter them into another pool position;
 * ``move``: relocate a chunk inside the pool (compaction), all layers;
 against ``torch`` copies of the same byte count between pinned host and device memory.
@@ -40,16 +42,19 @@ def main(argv=None) -> int:
     store.row = np.random.default_rng(0).permutation(args.blocks)[:256]  # a 4K-token pool, scattered blocks
     chunk_bytes = LAYERS * 2 * CHUNK * HKV * D * 2
     host = store.read_host(3)
+    store.synchronize()
     assert torch.equal(host.to(dev), store.read(3))
     pinned = torch.empty(chunk_bytes // 2, dtype=torch.bfloat16, pin_memory=True)
     flat = torch.empty_like(pinned, device=dev)
     t = {
-        "page_out": timed(lambda: store.read_host(5), args.reps),
+        "page_out": timed(lambda: (store.read_host(5), store.synchronize()), args.reps),
+        "page_out_compute_stream": timed(lambda: store.read_host(5), args.reps),
         "page_in": timed(lambda: store.write(7, host), args.reps),
         "move": timed(lambda: store.rearrange([(9, 11)], []), args.reps),
         "pinned_d2h": timed(lambda: pinned.copy_(flat), args.reps),
         "pinned_h2d": timed(lambda: flat.copy_(pinned, non_blocking=True), args.reps),
     }
+    store.synchronize()
     store.write(7, host)
     assert torch.equal(store.read(7), store.read(3))  # page-in lands bit-exact
     gbps = {k: round(chunk_bytes / (v * 1e-3) / 1e9, 2) for k, v in t.items()}

@@ -65,7 +65,7 @@ def test_page_out_on_the_copy_stream_survives_an_immediate_overwrite():
     back are the ones paged out, for 50 rounds of large chunks (so copies are still in flight)."""
     s = PagedPoolStore([torch.randn(2, 512, 16, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(36)],
                        NHD_LAYOUT, 128, 16, 64)
-    s.row = np.random.default_rng(0).permutation(512)[:64]
+    s.row = np.random.default_rng(0).permutation(512)[:128]  # 32 chunks
     for r in range(50):
         expected = s.read(r % 16).clone()
         host = s.read_host(r % 16)
