@@ -3,8 +3,8 @@ request's context and each KVFlash chunk gets the mean importance of its tokens 
 
 PFlash's lexical anchors rank first, as in PFlash's selection: a chunk holding an exact 4-gram of
 the context's last 96 tokens (the question and what has been generated since), found at most 8 times
-before them, outranks every attention score, latest 4-gram first. Measured on the needle fixture
-(docs/fidelity.md): attention alone brought back 0% of needles at 12.5-25% residency.
+before them, outranks every attention score, latest 4-gram first. On the needle fixture
+(docs/fidelity.md) this keeps the needle's chunk resident, which attention scores alone did not.
 
 A scoring pass reads the whole prompt, even while it is still being prefilled (vLLM has all of it,
 and its end is the question, which decides what matters: scoring only the part prefilled so far
@@ -36,8 +36,8 @@ class DrafterChunkScorer:
     def __call__(self, pager, chunks: list[int]) -> torch.Tensor:
         req_id, n = pager.req_id, pager.num_tokens
         scored, per_chunk = self.cache.get(req_id, (0, None))
-        ids, prompt_len = self.tokens_of(req_id)
-        if per_chunk is None or n - scored >= self.refresh_tokens or scored < prompt_len <= n:
+        if per_chunk is None or n - scored >= self.refresh_tokens:
+            ids, prompt_len = self.tokens_of(req_id)
             ids = ids[: max(n, prompt_len)]  # during prefill, the whole prompt: its end is the question
             # complete chunks only: a partial last chunk is recent and never scored
             per_chunk = chunk_scores(self.token_scores(ids), self.chunk_tokens)[: len(ids) // self.chunk_tokens]
