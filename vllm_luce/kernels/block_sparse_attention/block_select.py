@@ -71,6 +71,24 @@ def _mean_logits(q, km_ptr, stride_kn, stride_kd, blocks, block_mask, dims, dmas
     return logits * qk_scale
 
 
+@triton.jit
+def query_tile(q_ptr, stride_qt, stride_qh, stride_qd, seq_len, head_dim, BLOCK_M: tl.constexpr,
+               BLOCK_D: tl.constexpr):
+    """The program's query head and tile of BLOCK_M rows, with masks, for a grid of (heads, row tiles).
+
+    Heads vary fastest, so the programs in flight share their keys in L2; the last row tiles (most key
+    blocks) go first. Returns (head, row0, rows, rmask, dims, dmask, q [BLOCK_M, BLOCK_D])."""
+    head = tl.program_id(0).to(tl.int64)
+    row0 = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
+    rows = row0 + tl.arange(0, BLOCK_M)
+    rmask = rows < seq_len
+    dims = tl.arange(0, BLOCK_D)
+    dmask = dims < head_dim
+    q = tl.load(q_ptr + rows[:, None].to(tl.int64) * stride_qt + head * stride_qh
+                + dims[None, :].to(tl.int64) * stride_qd, mask=rmask[:, None] & dmask[None, :], other=0.0)
+    return head, row0, rows, rmask, dims, dmask, q
+
+
 _SCORE_CONFIGS = [triton.Config({}, num_warps=4), triton.Config({}, num_warps=8)]  # 2 warps spill at D = 128
 
 
@@ -79,15 +97,9 @@ _SCORE_CONFIGS = [triton.Config({}, num_warps=4), triton.Config({}, num_warps=8)
 def _row_max_kernel(q_ptr, km_ptr, rowmax_ptr, stride_qt, stride_qh, stride_qd, stride_kn, stride_kh, stride_kd,
                     seq_len, head_dim, group, qk_scale, BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr):
-    head = tl.program_id(0).to(tl.int64)  # heads fastest: the programs in flight share their mean keys
-    row0 = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M  # the longest rows first
+    head, row0, rows, rmask, dims, dmask, q = query_tile(q_ptr, stride_qt, stride_qh, stride_qd, seq_len, head_dim,
+                                                         BLOCK_M, BLOCK_D)
     m = row0 // BLOCK_SIZE
-    rows = row0 + tl.arange(0, BLOCK_M)
-    rmask = rows < seq_len
-    dims = tl.arange(0, BLOCK_D)
-    dmask = dims < head_dim
-    q = tl.load(q_ptr + rows[:, None].to(tl.int64) * stride_qt + head * stride_qh
-                + dims[None, :].to(tl.int64) * stride_qd, mask=rmask[:, None] & dmask[None, :], other=0.0)
     km_base = km_ptr + (head // group) * stride_kh
     rowmax = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     for n0 in range(0, m + 1, BLOCK_N):

@@ -21,7 +21,8 @@ import triton.language as tl
 
 from vllm_luce.kernels._triton import autotune, dot
 from vllm_luce.kernels.block_sparse_attention.block_select import (
-    LOG2E, block_mean_keys, check_block_size, check_qkv, check_scale, check_selection, select_blocks, upcast_dots)
+    LOG2E, block_mean_keys, check_block_size, check_qkv, check_scale, check_selection, query_tile, select_blocks,
+    upcast_dots)
 
 
 @triton.jit
@@ -63,18 +64,10 @@ def _sparse_attention_kernel(
     BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    # Heads vary fastest, so the programs in flight share their K/V blocks in L2; the last query
-    # tiles (most key blocks) go first.
-    head = tl.program_id(0).to(tl.int64)
-    row0 = (tl.num_programs(1) - 1 - tl.program_id(1)) * BLOCK_M
+    head, row0, rows, rmask, dims, dmask, q = query_tile(q_ptr, stride_qt, stride_qh, stride_qd, seq_len, head_dim,
+                                                         BLOCK_M, BLOCK_D)
     kv_head = head // group
     m = row0 // BLOCK_SIZE
-    rows = row0 + tl.arange(0, BLOCK_M)
-    rmask = rows < seq_len
-    dims = tl.arange(0, BLOCK_D)
-    dmask = dims < head_dim
-    q = tl.load(q_ptr + rows[:, None].to(tl.int64) * stride_qt + head * stride_qh
-                + dims[None, :].to(tl.int64) * stride_qd, mask=rmask[:, None] & dmask[None, :], other=0.0)
     k_base = k_ptr + kv_head * stride_kh + dims[:, None].to(tl.int64) * stride_kd  # K^T tiles [BLOCK_D, BLOCK_N]
     v_base = v_ptr + kv_head * stride_vh + dims[None, :].to(tl.int64) * stride_vd  # V tiles [BLOCK_N, BLOCK_D]
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
