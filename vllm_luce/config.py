@@ -72,6 +72,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "sink_chunks": Key(1, int, "an integer >= 1", lambda v: v >= 1),
         "recent_chunks": Key(4, int, "an integer >= 4", lambda v: v >= 4),
         "policy": Key("qk", str, "one of 'lru', 'qk', 'scorer'", lambda v: v in ("lru", "qk", "scorer")),
+        "selection": Key("page", str, "one of 'page' (bounded residency, cold chunks paged to host) or 'sfi' "
+                         "(all KV resident, decode attends to a pool-sized selection with dense refresh steps)",
+                         lambda v: v in ("page", "sfi")),
         "host_bytes": Key("auto", (int, str), "a positive integer (bytes of host memory for paged-out KV per "
                           "worker) or 'auto' (half the memory available at startup, shared by the local ranks)",
                           _positive_int_or_auto),

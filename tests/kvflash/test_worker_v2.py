@@ -99,3 +99,35 @@ def test_v2_binding_maps_pooled_slots_inside_the_request_blocks_and_releases():
     assert built.seq_lens.tolist() == [pager.resident_tokens()] and built.max_seq_len == pager.resident_tokens()
     runner.finish_requests(SimpleNamespace(finished_req_ids={"r"}, preempted_req_ids=None))
     assert finished and not runtime.pagers and runtime.released.page_outs > 0
+
+
+def test_v2_binding_with_sfi_keeps_vllms_slots_and_starts_fast_rows_at_the_selection():
+    from vllm_luce.kvflash.worker_v2 import bind_v2
+
+    runner, _ = fake_runner()
+    runner.req_states.prompt_len.np[2] = 900
+    luce = LuceConfig.from_sources({"luce": {"kvflash": {"pool_tokens": POOL, "selection": "sfi"}}}, {})
+    runtime = bind_v2(runner, luce)
+    row = [9, 4, 12, 3, 5, 14, 6, 8]  # 1024 tokens: everything resident
+    runner.block_tables.append_block_ids(2, ([1], row), overwrite=False)
+    prefill = step(runner, 0, 900)[1]
+    assert prefill.tolist() == [row[p // BS] * BS + p % BS for p in range(900)]  # vLLM's own slot mapping
+    decode = step(runner, 900, 1)[1]
+    assert decode.tolist() == [row[900 // BS] * BS + 900 % BS]
+    skip = int(runtime.skip_blocks[0])
+    assert skip > 0 and runtime.pagers["r"].stats.sparse_steps == 1
+
+    @dataclass
+    class CM:
+        num_reqs: int
+        seq_lens: torch.Tensor
+        max_seq_len: int
+        max_query_len: int
+        block_table_tensor: torch.Tensor
+        seq_lens_cpu_upper_bound: object = None
+
+    table = torch.tensor([row + [0, 0]], dtype=torch.int32)
+    built = runner.attn_groups[1][0].metadata_builders[0].build(0, CM(1, torch.tensor([901]), 901, 1, table))
+    assert built.seq_lens.tolist() == [901 - skip * BS]
+    assert built.block_table_tensor[0, : len(row) - skip].tolist() == row[skip:]
+    assert table[0].tolist() == row + [0, 0]  # vLLM's table itself is untouched

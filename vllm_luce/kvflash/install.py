@@ -6,8 +6,8 @@ the configuration, so a bad setting stops startup there).
   token budget per step is capped at ``PagerConfig.max_step_tokens``. vLLM's per-request cap
   (``long_prefill_token_threshold``) is not applied to a request alone in the batch, so the step
   budget (``max_num_batched_tokens``) itself is capped.
-* Prefix caching is switched off: a pooled request's KV depends on what it paged out, so it is not
-  a function of the prefix, and vLLM's hybrid coordinator takes hits from the other groups alone.
+* Prefix caching is switched off: a pooled request's KV depends on what it paged out (with SFI, on
+  how its chunks were permuted among its blocks), so it is not a function of the prefix, and vLLM's hybrid coordinator takes hits from the other groups alone.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
         cfg = pager_config_from(kv)
     except KVFlashConfigError as e:
         raise LuceConfigError(str(e)) from None
+    if kv.selection == "sfi":  # all KV resident and prefill dense: the scheduler is unchanged
+        return f"SFI: decode attends to {cfg.pool_tokens} tokens (chunks of {cfg.chunk_tokens}), policy {kv.policy}"
     sched = vllm_config.scheduler_config
     spec = getattr(vllm_config, "speculative_config", None)
     lookahead = (getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0

@@ -127,6 +127,8 @@ class PagerStats:
     reselections: int = 0
     dropped: int = 0  # chunks discarded because the host budget was spent
     reselect_s: float = 0.0  # wall time of reselections, scoring and page-ins included
+    sparse_steps: int = 0  # SFI: decode steps over the selection
+    dense_steps: int = 0  # SFI: decode steps over the whole context (refreshes)
 
 
 @dataclass

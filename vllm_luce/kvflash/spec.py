@@ -3,7 +3,7 @@
 
 ``KVFlashSpec`` is a full-attention spec with a per-request cap of ``pool_tokens``: the manager
 allocates blocks as a request grows, up to ``ceil(pool_tokens / block_size)`` blocks, and never
-more. The scheduler's startup check (``max_memory_usage_bytes``) and its admission therefore see
+more (``pool_tokens`` 0: no cap, the SFI selection mode, which keeps all KV resident). The scheduler's startup check (``max_memory_usage_bytes``) and its admission therefore see
 the pool, not the context, so prompts far beyond the KV budget are admitted. Where tokens go inside
 those blocks is the worker's business (``worker.py``: a compacted pool, see ``pager.py``).
 Prefix caching is off for these layers: a block's content depends on paging, not on the prefix.
@@ -22,7 +22,7 @@ from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 @dataclass(frozen=True, kw_only=True)
 class KVFlashSpec(FullAttentionSpec):
-    pool_tokens: int = 0
+    pool_tokens: int = 0  # 0: every block resident (SFI)
 
     @classmethod
     def from_full_attention(cls, spec: FullAttentionSpec, pool_tokens: int) -> "KVFlashSpec":
@@ -31,11 +31,12 @@ class KVFlashSpec(FullAttentionSpec):
         return cls(**{f.name: getattr(spec, f.name) for f in fields(spec)}, pool_tokens=pool_tokens)
 
     @property
-    def pool_blocks(self) -> int:
-        return cdiv(self.pool_tokens, self.block_size)
+    def pool_blocks(self) -> int | None:
+        return cdiv(self.pool_tokens, self.block_size) if self.pool_tokens else None
 
     def max_num_blocks_per_req(self, vllm_config, max_len: int) -> int:
-        return min(self.pool_blocks, cdiv(max_len, self.block_size))
+        blocks = cdiv(max_len, self.block_size)
+        return blocks if self.pool_blocks is None else min(self.pool_blocks, blocks)
 
     def max_memory_usage_bytes(self, vllm_config) -> int:
         return self.max_num_blocks_per_req(vllm_config, vllm_config.model_config.max_model_len) \
@@ -63,7 +64,8 @@ class KVFlashManager(FullAttentionManager):
     supports_fine_grained_hash_lookup: ClassVar[bool] = False
 
     def _cap(self, num_tokens: int) -> int:
-        return min(num_tokens, self.kv_cache_spec.pool_blocks * self.block_size)
+        pool_blocks = self.kv_cache_spec.pool_blocks
+        return num_tokens if pool_blocks is None else min(num_tokens, pool_blocks * self.block_size)
 
     def get_num_blocks_to_allocate(self, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
                                    num_local_computed_tokens, num_tokens_main_model, apply_admission_cap=False,

@@ -6,6 +6,9 @@ Per step, before the forward (``plan``):
   * those become the slot mapping of the pooled KV cache group (the new K/V land in the pool);
   * the group's attention metadata gets ``seq_lens`` = resident tokens, so vLLM's own paged
     attention reads exactly the compacted pool (``pager.py``).
+With ``selection: "sfi"`` a ``RequestSelection`` (``sfi.py``) stands in for the pager: all KV stays
+resident and a fast step's attention reads a suffix of the request's block row (the builder drops
+the row's first ``skipped_tokens() // block_size`` blocks).
 After the forward, the pooled layers' queries of each request's last token are kept for the QK
 policy. Finished and preempted requests release their pagers (and host pages).
 
@@ -26,6 +29,7 @@ from vllm_luce import metrics
 from vllm_luce.kvflash.kv_store import CPU_LAYOUT, NHD_LAYOUT, PagedPoolStore, TokenLayout
 from vllm_luce.kvflash.pager import PagerConfig, PagerStats, RequestPager
 from vllm_luce.kvflash.policies import make_policy
+from vllm_luce.kvflash.sfi import RequestSelection
 from vllm_luce.kvflash.settings import pager_config_from, resolve_host_bytes
 from vllm_luce.log import logger, tag
 
@@ -33,12 +37,14 @@ from vllm_luce.log import logger, tag
 class KVFlashRuntime:
     def __init__(self, config: PagerConfig, policy_name: str, caches: list[torch.Tensor], layout: TokenLayout,
                  head_size: int, block_size: int, max_num_reqs: int, scorer=None, reduce_max=None,
-                 host_budget: int | None = None, metric_labels: dict | None = None):
+                 host_budget: int | None = None, metric_labels: dict | None = None, selection: str = "page"):
         self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
+        self.selection = selection
         self.caches = caches
         self.policy = make_policy(policy_name, scorer, reduce_max)
         self.pagers: dict[str, RequestPager] = {}
         self.resident_lens = torch.zeros(max_num_reqs, dtype=torch.int32)
+        self.skip_blocks = torch.zeros(max_num_reqs, dtype=torch.int64)  # SFI: leading blocks attention skips
         self.step_req_ids: list[str] = []
         self.step_last_rows: np.ndarray = np.zeros(0, dtype=np.int64)  # last token of each scheduled row
         self.step_queries: dict[int, torch.Tensor] = {}  # pooled layer -> [rows, q_heads, head]
@@ -48,10 +54,14 @@ class KVFlashRuntime:
         self.metric_labels = metric_labels or {}
         self._reported_at = 0.0
 
-    def pager(self, req_id: str) -> RequestPager:
+    def pager(self, req_id: str) -> RequestPager | RequestSelection:
         pager = self.pagers.get(req_id)
         if pager is None:
             store = PagedPoolStore(self.caches, self.layout, self.head_size, self.block_size, self.config.chunk_tokens)
+            if self.selection == "sfi":
+                pager = self.pagers[req_id] = RequestSelection(self.config, store, align_tokens=self.block_size,
+                                                               req_id=req_id)
+                return pager
             pager = self.pagers[req_id] = RequestPager(self.config, store)
             pager.req_id = req_id
             if self.host_budget is not None:
@@ -83,6 +93,7 @@ class KVFlashRuntime:
                 offsets = pager.prepare(start, hi - lo, self.policy, decoded=decoded)
                 slots[lo:hi] = pager.store.slots(offsets)
             self.resident_lens[r] = pager.resident_tokens()
+            self.skip_blocks[r] = pager.skipped_tokens() // self.block_size if self.selection == "sfi" else 0
         self.step_req_ids = list(req_ids)
         self.report_metrics()
         self.step_last_rows = np.asarray(query_start_loc[1: len(req_ids) + 1], dtype=np.int64) - 1
@@ -118,7 +129,8 @@ class KVFlashRuntime:
         return sum(p.host_bytes() for p in self.pagers.values())
 
     def stats(self) -> dict[str, float]:
-        keys = ("page_outs", "page_ins", "bytes_out", "bytes_in", "moves", "reselections", "dropped", "reselect_s")
+        keys = ("page_outs", "page_ins", "bytes_out", "bytes_in", "moves", "reselections", "dropped", "reselect_s",
+                "sparse_steps", "dense_steps")
         return {k: getattr(self.released, k) + sum(getattr(p.stats, k) for p in self.pagers.values()) for k in keys}
 
     def report_metrics(self, force: bool = False, every_s: float = 0.5) -> None:
@@ -134,7 +146,8 @@ class KVFlashRuntime:
         metrics.set_gauge("kvflash_host_bytes", self.host_bytes(), **labels)
         for name, key in (("page_outs", "page_outs"), ("page_ins", "page_ins"), ("page_out_bytes", "bytes_out"),
                           ("page_in_bytes", "bytes_in"), ("reselections", "reselections"),
-                          ("reselection_seconds", "reselect_s"), ("host_budget_drops", "dropped")):
+                          ("reselection_seconds", "reselect_s"), ("host_budget_drops", "dropped"),
+                          ("sfi_sparse_steps", "sparse_steps"), ("sfi_dense_steps", "dense_steps")):
             metrics.set_total("kvflash_" + name, stats[key], **labels)
 
 
@@ -189,8 +202,9 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
         _capture_queries(forward_context[name], index, runtime)
     _bind_release(runner, runtime)
     runner.luce_kvflash = runtime
-    logger.info("%s: KVFlash on %d layers (group %d, block %d): pool %d tokens in chunks of %d, policy %s, "
-                "host budget %.1f GiB", tag(), len(group.layer_names), gid, block_table.block_size, cfg.pool_tokens,
+    logger.info("%s: KVFlash on %d layers (group %d, block %d): %s %d tokens in chunks of %d, policy %s, "
+                "host budget %.1f GiB", tag(), len(group.layer_names), gid, block_table.block_size,
+                "SFI, decode attends to" if runtime.selection == "sfi" else "pool", cfg.pool_tokens,
                 cfg.chunk_tokens, luce.kvflash.policy, runtime.host_budget / 2**30)
     return runtime
 
@@ -206,7 +220,8 @@ def runtime_options(vllm_config, luce) -> dict:
     except (AssertionError, RuntimeError):  # no parallel state (unit tests)
         rank = 0
     budget = resolve_host_bytes(luce.kvflash.host_bytes, local_ranks)
-    return {"host_budget": budget, "metric_labels": {"model_name": metrics.model_name(vllm_config), "rank": rank}}
+    return {"host_budget": budget, "selection": luce.kvflash.selection,
+            "metric_labels": {"model_name": metrics.model_name(vllm_config), "rank": rank}}
 
 
 def _drafter_scorer(runner, luce, cfg):
@@ -261,6 +276,14 @@ class _PooledBuilder:
         lens = cm.seq_lens.clone()
         lens[:n] = lens_cpu.to(cm.seq_lens.device, non_blocking=True)
         changes = dict(seq_lens=lens, max_seq_len=int(lens_cpu.max()) if n else 0)
+        skips = self._runtime.skip_blocks[:n]
+        if bool(skips.any()):  # SFI fast steps: those rows start at their selection's first block
+            table = cm.block_table_tensor.clone()
+            width = table.shape[1]
+            for r in torch.nonzero(skips).flatten().tolist():
+                s = int(skips[r])
+                table[r, : width - s] = cm.block_table_tensor[r, s:]
+            changes["block_table_tensor"] = table
         if cm.seq_lens_cpu_upper_bound is not None:
             upper = cm.seq_lens_cpu_upper_bound.clone()
             upper[:n] = torch.minimum(upper[:n], lens_cpu.to(upper.dtype) + cm.max_query_len)

@@ -34,6 +34,8 @@ CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
     "kvflash_reselection_seconds": ("counter", ("rank",), "Time spent in reselections (scoring and page-ins)."),
     "kvflash_host_budget_drops": (
         "counter", ("rank",), "Chunks dropped instead of paged out because kvflash.host_bytes was spent."),
+    "kvflash_sfi_sparse_steps": ("counter", ("rank",), "SFI decode steps of a request over its selection only."),
+    "kvflash_sfi_dense_steps": ("counter", ("rank",), "SFI dense refresh steps of a request over its whole context."),
     # PFlash: the engine client (API server)
     "pflash_prompts": ("counter", ("outcome",),
                        "Prompts seen by PFlash: compressed, kept (scoring kept everything), failed, or a skip reason."),

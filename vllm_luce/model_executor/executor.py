@@ -39,7 +39,8 @@ def pool_full_attention(model, plan: LayerPlan, luce: LuceConfig) -> None:
     pool); sliding-window, KV-sharing and Gated DeltaNet layers keep vLLM's own specs."""
     from vllm_luce.kvflash.settings import pager_config_from
     from vllm_luce.kvflash.spec import KVFlashSpec
-    pool_tokens = pager_config_from(luce.kvflash).pool_tokens
+    # SFI keeps every block resident: no cap (its pool is the attention budget, applied by the worker).
+    pool_tokens = 0 if luce.kvflash.selection == "sfi" else pager_config_from(luce.kvflash).pool_tokens
     modules = dict(model.named_modules())
     for info in plan.full_attention:
         attn = modules[info.module_name]
