@@ -5,6 +5,7 @@ Decode time = (time for 1 + N generated tokens - time for 1 token) / N, same pro
 prefill cancels out. Goal (issue 5): with KVFlash, longest/shortest stays at most 1.15.
 
     python -m benchmarks.kvflash_cpu_decode --contexts 2048 32000 --pool 1024 --decode 64
+    python -m benchmarks.kvflash_cpu_decode --selections page sfi --decode 800   # SFI too, dense refreshes included
 """
 
 from __future__ import annotations
@@ -43,18 +44,25 @@ def main(argv=None) -> int:
     ap.add_argument("--pool", type=int, default=1024)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--selections", nargs="+", default=["page"], choices=["page", "sfi"])
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     rng = random.Random(0)
     prompts = {n: [rng.randrange(10, 4000) for _ in range(n)] for n in args.contexts}
     max_len = max(args.contexts) + args.decode + 8
     results = {}
-    for label, cfg in (("off", {}), (f"pool {args.pool}", {"luce": {"kvflash": {"pool_tokens": args.pool}}})):
+    configs = [("off", {})] + [(f"pool {args.pool}" if s == "page" else f"SFI, budget {args.pool}",
+                                {"luce": {"kvflash": {"pool_tokens": args.pool, "selection": s}}})
+                               for s in args.selections]
+    for label, cfg in configs:
         llm = F.build_llm(max_len, additional_config=cfg)
         row = {n: round(decode_ms_per_token(llm, prompts[n], args.decode, args.repeats), 3) for n in args.contexts}
         shortest = row[min(args.contexts)]
         results[label] = {"decode_ms_per_token": row,
                           "ratio_to_shortest": {n: round(v / shortest, 3) for n, v in row.items()}}
+        rt = getattr(F.engine_runner(llm), "luce_kvflash", None)
+        if rt is not None:
+            results[label]["kvflash"] = rt.stats()
         print(json.dumps({label: results[label]}), flush=True)
         del llm
     return report(results, args.json)

@@ -3,6 +3,7 @@ pooled KV with each policy, at a fixed pool (so residency = pool / prompt length
 
     python -m benchmarks.kvflash_needle --tokens 2048 4096 --pool 512 --seeds 4 --json out.json
     python -m benchmarks.kvflash_needle --policies scorer   # PFlash's drafter as the KVFlash scorer
+    python -m benchmarks.kvflash_needle --policies qk --selections sfi   # SFI: all KV resident, sparse decode
 """
 
 from __future__ import annotations
@@ -37,16 +38,19 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=[2048, 4096])
     ap.add_argument("--pool", type=int, default=512)
     ap.add_argument("--policies", nargs="+", default=["lru", "qk"])
+    ap.add_argument("--selections", nargs="+", default=["page"], choices=["page", "sfi"])
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     max_len = max(args.tokens) + 64
     rows = run("full KV", {}, args.tokens, args.seeds, max_len)
-    for policy in args.policies:
-        cfg = {"luce": {"kvflash": {"pool_tokens": args.pool, "policy": policy}}}
-        if policy == "scorer":  # PFlash's drafter scores the chunks; prompts are not compressed
-            cfg["luce"]["pflash"] = {"drafter": str(trained_model("scorer")), "min_prompt_tokens": 1 << 30}
-        rows += run(f"pool {args.pool}, {policy}", cfg, args.tokens, args.seeds, max_len)
+    for selection in args.selections:
+        for policy in args.policies:
+            cfg = {"luce": {"kvflash": {"pool_tokens": args.pool, "policy": policy, "selection": selection}}}
+            if policy == "scorer":  # PFlash's drafter scores the chunks; prompts are not compressed
+                cfg["luce"]["pflash"] = {"drafter": str(trained_model("scorer")), "min_prompt_tokens": 1 << 30}
+            label = f"pool {args.pool}, {policy}" + (", SFI" if selection == "sfi" else "")
+            rows += run(label, cfg, args.tokens, args.seeds, max_len)
     return report(rows, args.json)
 
 

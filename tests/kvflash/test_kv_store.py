@@ -27,7 +27,9 @@ def store(layout, device="cpu"):
 def token_keys(s, slot):
     """K of one linear cache slot, every layer, read straight from the caches (not through the store)."""
     b, o = divmod(slot, BLOCK)
-    return [v[b, :, 0, o] if s.layout is CPU_LAYOUT else v[0, b, o] for v in s.views]
+    if s.layout is CPU_LAYOUT:  # K then V by token (the identity element map)
+        return [v.view(v.shape[0], v.shape[1], 2, BLOCK, HEAD)[b, :, 0, o] for v in s.views]
+    return [v[0, b, o] for v in s.views]
 
 
 def chunk_key(s, layer_data, t):
@@ -73,3 +75,49 @@ def test_page_out_on_the_copy_stream_survives_an_immediate_overwrite():
         s.write(16 + r % 16, host)
         assert torch.equal(s.read(16 + r % 16).view(torch.int16), expected.view(torch.int16)), r
     s.synchronize()
+
+
+@pytest.mark.parametrize("layout", [CPU_LAYOUT, NHD_LAYOUT], ids=["cpu", "nhd"])
+def test_keys_at_reads_each_chunks_keys_straight_from_the_caches(layout):
+    s = store(layout)
+    keys = s.keys_at([2, 0])  # [chunks, layers, tokens, heads, head]
+    assert keys.shape == (2, LAYERS, CHUNK, HEADS, HEAD)
+    for i, position in enumerate([2, 0]):
+        for t in (0, 5, CHUNK - 1):
+            slot = int(s.slots([position * CHUNK + t])[0])
+            for layer, expected in enumerate(token_keys(s, slot)):
+                assert torch.equal(keys[i, layer, t], expected)
+
+
+@pytest.mark.parametrize("isa", ["vec", "vec16", "amx"])
+def test_cpu_chunks_move_as_if_vllms_kernel_had_written_their_tokens_there(isa):
+    """vLLM's CPU kernels do not store a block's K row-major (``vec`` stores it transposed, ``amx``
+    interleaves pairs): chunks must move by the probed element map, or moving a chunk would move a
+    band of head dims of every token in the block. Reference: the kernel writing the same tokens at
+    the chunk's new slots."""
+    from vllm import _custom_ops as ops
+
+    from vllm_luce.kvflash.worker import probe_cpu_elements
+
+    block, head, heads, chunk = 64, 32, 2, 16
+    elements = probe_cpu_elements(isa, block, head, torch.bfloat16)
+    layout = CPU_LAYOUT.with_elements(elements)
+    g = torch.Generator().manual_seed(1)
+    k, v = (torch.randn(4 * block, heads, head, generator=g).to(torch.bfloat16) for _ in range(2))
+
+    def written(slots):
+        cache = torch.zeros(4, heads, block, 2 * head, dtype=torch.bfloat16)
+        key_cache, value_cache = cache.view(4, heads, 2 * block, head).chunk(2, dim=2)
+        ops.cpu_attn_reshape_and_cache(k[: len(slots)].contiguous(), v[: len(slots)].contiguous(), key_cache,
+                                       value_cache, torch.as_tensor(slots, dtype=torch.int64), isa)
+        return cache
+
+    cache = written(list(range(2 * chunk)))  # tokens 0..31 at slots 0..31: pool positions 0 and 1
+    s = PagedPoolStore([cache], layout, head, block, chunk)
+    s.row = np.array([0, 1, 2, 3])
+    keys = s.keys_at([1])[0, 0]  # [chunk, heads, head]
+    assert torch.equal(keys, k[chunk: 2 * chunk])
+    s.rearrange([(5, 1), (6, 0)], [])  # chunk 1 -> position 5 (block 1), chunk 0 -> position 6
+    k, v = torch.cat([k[chunk: 2 * chunk], k[:chunk]]), torch.cat([v[chunk: 2 * chunk], v[:chunk]])
+    expected = written(list(range(5 * chunk, 7 * chunk)))  # tokens 16..31 then 0..15 at slots 80..111
+    assert torch.equal(cache[1].view(torch.int16), expected[1].view(torch.int16))

@@ -150,3 +150,39 @@ def test_release_frees_everything():
     run_prompt(sel, store, 20 * C, fixed_scores({}))
     decode(sel, store, fixed_scores({}))
     assert sel.release() == 0 and not sel.order and not sel.summaries and sel.resident_tokens() == 0
+
+
+def test_summaries_are_taken_only_from_chunks_written_by_earlier_steps():
+    """The step's own tokens reach the cache during its forward, after ``prepare``: summarising them
+    then would cache a blank chunk forever (a bug caught by the needle diagnostic)."""
+    store = TensorStore(64, (C, 1, 2), dtype=torch.float32)
+    store.summarize = lambda p: store.data[p].mean(0)[None]
+    sel = RequestSelection(CFG, store)
+    sel.prepare(0, 3 * C, QK())
+    assert not sel.summaries  # nothing was written before this step
+    store.data[:3] = 1.0  # the forward writes the step's KV
+    sel.prepare(3 * C, 1, QK(), decoded=1)
+    assert sorted(sel.summaries) == [0, 1, 2] and all(bool((v == 1).all()) for v in sel.summaries.values())
+
+
+def test_attention_policy_finds_the_one_key_a_query_points_at_where_mean_keys_do_not():
+    """One token of chunk 7 matches the query; its chunk mean is noise like the others."""
+    from vllm_luce.kvflash.policies import MaxLogit, max_logit_layer_scores
+
+    torch.manual_seed(2)
+    store = TensorStore(64, (C, 2, 8), dtype=torch.float32)  # [positions, tokens, kv_heads, head]
+    store.data.normal_()
+    query = torch.zeros(8)
+    query[0] = 4.0
+    store.data[7, 5, 1] = query  # one key of KV head 1, chunk 7
+    store.keys_at = lambda ps: store.data[ps][:, None]  # [C, layers=1, tokens, kv_heads, head]
+    sel = RequestSelection(PagerConfig(pool_tokens=6 * C, chunk_tokens=C), store)
+    policy = MaxLogit()
+    sel.prepare(0, 20 * C, policy)
+    sel.queries = torch.stack([torch.randn(8), torch.randn(8), query, torch.randn(8)])[None]  # head 2 -> KV head 1
+    sel.prepare(20 * C, 1, policy, decoded=1)
+    assert sel.selected == [7]
+    q, k = torch.randn(3, 4, 8), torch.randn(5, 3, C, 2, 8)
+    brute = torch.tensor([[max(float(k[c, l, t, h // 2] @ q[l, h]) for t in range(C) for h in range(4)) / 8 ** 0.5
+                           for l in range(3)] for c in range(5)])
+    assert torch.allclose(max_logit_layer_scores(q, k), brute, atol=1e-5)

@@ -32,6 +32,10 @@ def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
     if kv.policy == "scorer" and not (luce.pflash.enabled and luce.pflash.drafter):
         raise LuceConfigError("luce.kvflash.policy: got 'scorer'; the drafter scorer is PFlash's, so it needs "
                               "luce.pflash with a drafter (e.g. {\"pflash\": {\"drafter\": PATH}}); or use 'qk' or 'lru'")
+    if kv.policy == "attention" and kv.selection != "sfi":
+        raise LuceConfigError("luce.kvflash.policy: got 'attention'; it reads every chunk's keys, which only "
+                              "selection 'sfi' keeps resident (page mode keeps cold chunks on the host): set "
+                              "luce.kvflash.selection to 'sfi', or use 'qk'")
     try:
         cfg = pager_config_from(kv)
     except KVFlashConfigError as e:

@@ -20,7 +20,7 @@ dimension made page-out 1.1-1.8x slower).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -30,32 +30,26 @@ import torch
 class TokenLayout:
     """How to address one token in a layer's KV cache tensor.
 
-    ``cpu``: vLLM's CPU backend allocates ``[blocks, kv_heads, block, 2 * head]`` and reads it as
-    ``[blocks, kv_heads, 2 (K, V), block, head]``. ``nhd``: FlashAttention / Triton backends,
-    ``[2 (K, V), blocks, block, kv_heads, head]``.
+    ``nhd``: FlashAttention / Triton backends, ``[2 (K, V), blocks, block, kv_heads, head]``.
+
+    ``cpu``: vLLM's CPU backend allocates ``[blocks, kv_heads, block, 2 * head]``, but inside one
+    (block, KV head) region its kernels place elements by ISA: the ``vec`` kernels store K transposed
+    (``[head, block]``) and V by token; ``amx`` interleaves pairs. ``elements`` ([block, 2 * head],
+    found by writing probe values through vLLM's own kernel, ``worker.probe_cpu_elements``) gives
+    where token ``t``'s K (then V) elements are; ``None`` means K then V by token, row-major.
     """
 
     name: str
+    elements: torch.Tensor | None = field(default=None, compare=False)
 
-    def view(self, cache: torch.Tensor, head_size: int) -> torch.Tensor:
-        if self.name == "cpu":
-            blocks, heads, block, _ = cache.shape
-            return cache.view(blocks, heads, 2, block, head_size)
-        return cache
+    def with_elements(self, elements: torch.Tensor) -> "TokenLayout":
+        return TokenLayout(self.name, elements)
 
-    def index(self, blocks: torch.Tensor, offsets: torch.Tensor):
-        """Index tuple selecting the given tokens; the result has tokens first for ``cpu`` and second
-        (after K/V) for ``nhd``."""
-        if self.name == "cpu":
-            return blocks, slice(None), slice(None), offsets
-        return slice(None), blocks, offsets
 
-    def keys(self, tokens: torch.Tensor) -> torch.Tensor:
-        """Keys [tokens, kv_heads, head] of what ``index`` selected."""
-        return tokens[:, :, 0] if self.name == "cpu" else tokens[0]
-
-    def block_size(self, view: torch.Tensor) -> int:
-        return view.shape[3] if self.name == "cpu" else view.shape[2]
+def _identity_elements(block: int, head: int) -> torch.Tensor:
+    """[block, 2 * head]: K of token t at t * head + d, V after all K."""
+    t, d = torch.arange(block)[:, None], torch.arange(head)[None, :]
+    return torch.cat([t * head + d, block * head + t * head + d], dim=1)
 
 
 CPU_LAYOUT, NHD_LAYOUT = TokenLayout("cpu"), TokenLayout("nhd")
@@ -81,9 +75,17 @@ class PagedPoolStore:
 
     def __init__(self, caches: list[torch.Tensor], layout: TokenLayout, head_size: int, block_size: int,
                  chunk_tokens: int):
-        self.views = [layout.view(c, head_size) for c in caches]
-        self.layout, self.block_size, self.chunk = layout, block_size, chunk_tokens
-        self.cache_block_size = layout.block_size(self.views[0]) if self.views else block_size
+        self.layout, self.block_size, self.chunk, self.head = layout, block_size, chunk_tokens, head_size
+        cpu = layout.name == "cpu"
+        self.cache_block_size = caches[0].shape[2] if caches else block_size  # both layouts
+        self.elements = None
+        if cpu:  # one flat (block, KV head) region per index pair; tokens addressed through ``elements``
+            self.views = [c.view(c.shape[0], c.shape[1], -1) for c in caches]
+            elements = layout.elements if layout.elements is not None else \
+                _identity_elements(self.cache_block_size, head_size)
+            self.elements = elements.to(self.views[0].device) if self.views else elements
+        else:
+            self.views = list(caches)
         self.row: np.ndarray = np.zeros(0, dtype=np.int64)  # the request's block ids, set every step
         self.device = self.views[0].device if self.views else torch.device("cpu")
         self.rows = _token_rows(self.views) if layout.name == "nhd" else None
@@ -98,14 +100,28 @@ class PagedPoolStore:
         offsets = np.arange(position * self.chunk, (position + 1) * self.chunk)
         return torch.from_numpy(self.slots(offsets)).to(self.device)
 
-    def _index(self, position: int):
-        slots = self._cache_slots(position)
-        return slots // self.cache_block_size, slots % self.cache_block_size
+    def _gather(self, slots: torch.Tensor) -> list[torch.Tensor]:
+        """Each layer's K and V at cache ``slots``, in token form: ``[T, heads, 2, head]`` (cpu) or
+        ``[2, T, heads, head]`` (nhd)."""
+        blocks, offsets = slots // self.cache_block_size, slots % self.cache_block_size
+        if self.elements is None:
+            return [v[:, blocks, offsets] for v in self.views]
+        index = (blocks[:, None], slice(None), self.elements[offsets])  # -> [T, 2 * head, heads]
+        return [v[index].transpose(1, 2).reshape(len(slots), v.shape[1], 2, self.head) for v in self.views]
+
+    def _scatter(self, slots: torch.Tensor, data: torch.Tensor) -> None:
+        blocks, offsets = slots // self.cache_block_size, slots % self.cache_block_size
+        if self.elements is None:
+            for v, d in zip(self.views, data):
+                v[:, blocks, offsets] = d
+            return
+        index = (blocks[:, None], slice(None), self.elements[offsets])
+        for v, d in zip(self.views, data):
+            v[index] = d.reshape(len(slots), v.shape[1], 2 * self.head).transpose(1, 2)
 
     def _tokens(self, position: int) -> list[torch.Tensor]:
         """Each layer's K and V of the chunk at ``position``, in the layout's token form."""
-        index = self.layout.index(*self._index(position))
-        return [v[index] for v in self.views]
+        return self._gather(self._cache_slots(position))
 
     def read(self, position: int) -> torch.Tensor:
         if self.rows is None:
@@ -144,9 +160,7 @@ class PagedPoolStore:
     def write(self, position: int, data: torch.Tensor) -> None:
         data = self._to_device(data)
         if self.rows is None:
-            index = self.layout.index(*self._index(position))
-            for v, d in zip(self.views, data):
-                v[index] = d
+            self._scatter(self._cache_slots(position), data)
             return
         slots = self._cache_slots(position)
         for rows, d in zip(self.rows, data):
@@ -157,6 +171,17 @@ class PagedPoolStore:
         for dst, data in staged + list(loads):
             self.write(dst, data)
 
+    def keys_at(self, positions: list[int]) -> torch.Tensor:
+        """[len(positions), layers, chunk, kv_heads, head]: the post-RoPE keys of chunks, one gather per layer."""
+        offsets = (np.asarray(positions, dtype=np.int64)[:, None] * self.chunk + np.arange(self.chunk)).ravel()
+        slots = torch.from_numpy(self.slots(offsets)).to(self.device)
+        keys = torch.stack([self._keys(t) for t in self._gather(slots)], dim=1)  # [tokens, layers, H, D]
+        return keys.view(len(positions), self.chunk, *keys.shape[1:]).transpose(1, 2)
+
     def summarize(self, position: int) -> torch.Tensor:
         """[layers, kv_heads, head]: mean of the chunk's post-RoPE keys per KV head."""
-        return torch.stack([self.layout.keys(t).float().mean(0) for t in self._tokens(position)])
+        return torch.stack([self._keys(t).float().mean(0) for t in self._tokens(position)])
+
+    def _keys(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Keys [T, kv_heads, head] of a token-form gather."""
+        return tokens[:, :, 0] if self.elements is not None else tokens[0]

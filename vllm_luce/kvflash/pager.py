@@ -129,6 +129,8 @@ class PagerStats:
     reselect_s: float = 0.0  # wall time of reselections, scoring and page-ins included
     sparse_steps: int = 0  # SFI: decode steps over the selection
     dense_steps: int = 0  # SFI: decode steps over the whole context (refreshes)
+    attended_tokens: int = 0  # SFI: tokens fast steps read, summed (their context: context_tokens)
+    context_tokens: int = 0
 
 
 @dataclass

@@ -10,6 +10,10 @@ chunks that outscore resident ones.
   query head is compared with its group's KV head; the score is the maximum over query heads,
   averaged over the full-attention layers.
 * ``Scorer``: an external per-chunk score (PFlash's drafter scorer plugs in here).
+* ``MaxLogit`` (``"attention"``, SFI only): per chunk, the largest attention logit ``q . k / sqrt(d)``
+  of the current queries over the chunk's own keys (max over tokens and each group's query heads),
+  averaged over the full-attention layers. It reads every scored chunk's keys, which only SFI keeps
+  resident; a mean-pooled key washes out the few tokens a question points at.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ class QK:
     parallelism: each rank holds some heads, so the per-layer head maximum is all-reduced (MAX)."""
 
     name = "qk"
-    needs_summaries = True
+    needs_summaries = needs_queries = True
 
     def __init__(self, reduce_max: Callable[[torch.Tensor], torch.Tensor] | None = None):
         self.reduce_max = reduce_max
@@ -79,13 +83,46 @@ class Scorer:
         return torch.as_tensor(self.score_chunks(pager, chunks), dtype=torch.float32)
 
 
+class MaxLogit:
+    """Reads ``state.queries`` and ``state.chunk_keys(chunks)`` ([C, layers, tokens, kv_heads, head])."""
+
+    name = "attention"
+    needs_queries = True
+
+    def __init__(self, reduce_max: Callable[[torch.Tensor], torch.Tensor] | None = None):
+        self.reduce_max = reduce_max
+
+    def scores(self, state, chunks: list[int]) -> torch.Tensor:
+        queries = getattr(state, "queries", None)
+        if queries is None:
+            return LRU().scores(state, chunks)
+        per_layer = max_logit_layer_scores(queries.float(), state.chunk_keys(chunks).float())
+        if self.reduce_max is not None:
+            per_layer = self.reduce_max(per_layer)
+        return per_layer.mean(dim=-1)
+
+
+def max_logit_layer_scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """queries [L, Hq, D], keys [C, L, T, Hkv, D] -> [C, L]: max over tokens and query heads of q.k/sqrt(D),
+    each query head against its group's KV head."""
+    layers, hq, d = queries.shape
+    hkv = keys.shape[3]
+    if hq % hkv:
+        raise ValueError(f"{hq} query heads do not group over {hkv} KV heads")
+    q = queries.view(layers, hkv, hq // hkv, d)
+    logits = torch.einsum("lgqd,cltgd->cltgq", q, keys.to(q.dtype)) / d ** 0.5
+    return logits.flatten(2).amax(dim=-1)
+
+
 def make_policy(name: str, scorer: Callable | None = None, reduce_max=None):
     if name == "lru":
         return LRU()
     if name == "qk":
         return QK(reduce_max)
+    if name == "attention":
+        return MaxLogit(reduce_max)
     if name == "scorer":
         if scorer is None:
             raise ValueError("luce.kvflash.policy 'scorer' needs a chunk scorer (PFlash's drafter scorer)")
         return Scorer(scorer)
-    raise ValueError(f"luce.kvflash.policy: got {name!r}; expected one of 'lru', 'qk', 'scorer'")
+    raise ValueError(f"luce.kvflash.policy: got {name!r}; expected one of 'lru', 'qk', 'scorer', 'attention'")

@@ -80,6 +80,11 @@ class RequestSelection:
     def host_bytes(self) -> int:
         return 0
 
+    def chunk_keys(self, chunks: list[int]) -> torch.Tensor:
+        """[C, layers, chunk, kv_heads, head] keys of full chunks (the ``attention`` policy)."""
+        position = {c: p for p, c in enumerate(self.order)}
+        return self.store.keys_at([position[c] for c in chunks])
+
     def refresh_due(self) -> bool:
         return self.decoded_since_refresh >= max(self.config.tau_min, self.num_tokens // 45)
 
@@ -89,12 +94,12 @@ class RequestSelection:
         """Register tokens ``start .. start + num_new - 1``, decide whether this step is fast, and
         return the row offsets of the new tokens (their logical positions: the tail is in place)."""
         self._truncate(start)
+        if getattr(policy, "needs_summaries", False):  # before this step's tokens: they are not written yet
+            self._summarize_full_chunks()
         self.num_tokens = start + num_new
         for chunk in range(len(self.order), self.num_chunks):
             self.order.append(chunk)
             self.last_used[chunk] = self.num_tokens
-        if getattr(policy, "needs_summaries", False):
-            self._summarize_full_chunks()
         self.skip = 0
         fits = self.num_chunks <= self.config.pool_chunks
         if decoded == num_new > 0 and not fits:  # a decode step over a context larger than the budget
@@ -108,6 +113,8 @@ class RequestSelection:
                     self._select(policy)
                 self.skip = self.window * self.config.chunk_tokens // self.align_tokens * self.align_tokens
                 self.stats.sparse_steps += 1
+                self.stats.attended_tokens += self.resident_tokens()
+                self.stats.context_tokens += self.num_tokens
         elif decoded and not fits:
             self.stats.dense_steps += 1
         return list(range(start, start + num_new))

@@ -100,8 +100,8 @@ class KVFlashRuntime:
         return slots
 
     def observe_queries(self, layer: int, query: torch.Tensor) -> None:
-        """Called by each pooled layer with its post-RoPE queries [tokens, q_heads, head] (QK policy)."""
-        if getattr(self.policy, "needs_summaries", False) and len(self.step_last_rows):
+        """Called by each pooled layer with its post-RoPE queries [tokens, q_heads, head] (QK, attention)."""
+        if getattr(self.policy, "needs_queries", False) and len(self.step_last_rows):
             rows = torch.as_tensor(self.step_last_rows, device=query.device)
             self.step_queries[layer] = query.index_select(0, rows).detach().float().cpu()
 
@@ -130,7 +130,7 @@ class KVFlashRuntime:
 
     def stats(self) -> dict[str, float]:
         keys = ("page_outs", "page_ins", "bytes_out", "bytes_in", "moves", "reselections", "dropped", "reselect_s",
-                "sparse_steps", "dense_steps")
+                "sparse_steps", "dense_steps", "attended_tokens", "context_tokens")
         return {k: getattr(self.released, k) + sum(getattr(p.stats, k) for p in self.pagers.values()) for k in keys}
 
     def report_metrics(self, force: bool = False, every_s: float = 0.5) -> None:
@@ -163,6 +163,45 @@ def layout_for_backend(backend_name: str) -> TokenLayout:
                               "(supported: CPU_ATTN, FLASH_ATTN, TRITON_ATTN, FLASHINFER)")
 
 
+def probe_cpu_elements(isa: str, block: int, head: int, dtype: torch.dtype) -> torch.Tensor:
+    """[block, 2 * head]: where vLLM's CPU kernel for ``isa`` puts token t's K (then V) elements inside
+    one (block, KV head) region, found by writing probe values through the kernel itself. Each probe
+    writes a digit below 128 (exact in bf16): K-or-V, t % 128, t // 128, d % 128, d // 128."""
+    from vllm import _custom_ops as ops
+
+    t = torch.arange(block)[:, None, None].expand(block, 1, head)
+    d = torch.arange(head)[None, None, :].expand(block, 1, head)
+
+    def place(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        cache = torch.full((1, 1, block, 2 * head), -1.0, dtype=dtype)
+        key_cache, value_cache = cache.view(1, 1, 2 * block, head).chunk(2, dim=2)
+        ops.cpu_attn_reshape_and_cache(k.to(dtype).contiguous(), v.to(dtype).contiguous(), key_cache, value_cache,
+                                       torch.arange(block, dtype=torch.int64), isa)
+        return cache.flatten().long()
+
+    is_v = place(torch.zeros_like(t), torch.ones_like(t))
+    token = place(t % 128, t % 128) + 128 * place(t // 128, t // 128)
+    dim = place(d % 128, d % 128) + 128 * place(d // 128, d // 128)
+    if bool((is_v < 0).any()) or bool((token < 0).any()):
+        raise RuntimeError(f"KVFlash: vLLM's CPU kernel ({isa}) left KV cache elements unwritten; cannot map its layout")
+    elements = torch.full((block, 2 * head), -1, dtype=torch.int64)
+    elements[token, is_v * head + dim] = torch.arange(token.numel())
+    if bool((elements < 0).any()):
+        raise RuntimeError(f"KVFlash: vLLM's CPU kernel ({isa}) KV layout is not a permutation of tokens x head dims")
+    return elements
+
+
+def cache_layout(backend_name: str, layer, spec, block: int) -> TokenLayout:
+    """The group's token layout; on the CPU backend with the element map of the layer's kernel ISA."""
+    layout = layout_for_backend(backend_name)
+    if layout.name != "cpu":
+        return layout
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    isa = getattr(layer, "isa", None) or _get_attn_isa(spec.dtype, block, spec.head_size)
+    return layout.with_elements(probe_cpu_elements(isa, block, spec.head_size, spec.dtype))
+
+
 def kvflash_groups(kv_cache_config) -> list[int]:
     from vllm_luce.kvflash.spec import KVFlashSpec
 
@@ -186,12 +225,13 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
     group = runner.kv_cache_config.kv_cache_groups[gid]
     spec = group.kv_cache_spec
     attn_groups = runner.attn_groups[gid]
-    layout = layout_for_backend(attn_groups[0].backend.get_name())
     forward_context = runner.compilation_config.static_forward_context
     caches = [forward_context[name].kv_cache for name in group.layer_names]
     caches = [c[0] if isinstance(c, list) else c for c in caches]
     cfg = pager_config_from(luce.kvflash)
     block_table = runner.input_batch.block_table[gid]
+    layout = cache_layout(attn_groups[0].backend.get_name(), forward_context[group.layer_names[0]], spec,
+                          caches[0].shape[2])
     runtime = KVFlashRuntime(cfg, luce.kvflash.policy, caches, layout, spec.head_size, block_table.block_size,
                              runner.input_batch.max_num_reqs, scorer=_drafter_scorer(runner, luce, cfg),
                              reduce_max=_tp_reduce_max(), **runtime_options(runner.vllm_config, luce))

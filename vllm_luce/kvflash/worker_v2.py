@@ -19,7 +19,7 @@ import torch
 
 from vllm_luce.kvflash.settings import pager_config_from
 from vllm_luce.kvflash.worker import (KVFlashRuntime, _capture_queries, _PooledBuilder, _tp_reduce_max,
-                                      layout_for_backend, pooled_group, runtime_options)
+                                      cache_layout, pooled_group, runtime_options)
 from vllm_luce.log import logger, tag
 
 
@@ -30,8 +30,9 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
     caches = [forward_context[name].kv_cache for name in group.layer_names]
     caches = [c[0] if isinstance(c, list) else c for c in caches]
     block_tables = runner.block_tables
-    runtime = KVFlashRuntime(pager_config_from(luce.kvflash), luce.kvflash.policy, caches,
-                             layout_for_backend(runner.attn_groups[gid][0].backend.get_name()),
+    layout = cache_layout(runner.attn_groups[gid][0].backend.get_name(), forward_context[group.layer_names[0]],
+                          group.kv_cache_spec, caches[0].shape[2])
+    runtime = KVFlashRuntime(pager_config_from(luce.kvflash), luce.kvflash.policy, caches, layout,
                              group.kv_cache_spec.head_size, block_tables.block_sizes[gid],
                              block_tables.max_num_reqs, reduce_max=_tp_reduce_max(),
                              **runtime_options(runner.vllm_config, luce))
