@@ -5,6 +5,7 @@ The tiny Qwen3.6 model gets 384-token KV blocks on CPU (vLLM sizes them to match
 state), so a 384-token pool is one block and chunks (64 tokens) live inside blocks.
 """
 
+import contextlib
 import random
 
 import pytest
@@ -52,6 +53,25 @@ def kvflash_manager(llm):
     return next(m for m in managers if isinstance(m, KVFlashManager))
 
 
+@contextlib.contextmanager
+def blocks_held(llm):
+    """Yields a list that collects, at each allocation, how many blocks the KVFlash manager holds for
+    the request allocated to."""
+    manager = kvflash_manager(llm)
+    allocate, held = manager.allocate_new_blocks, []
+
+    def recording(request_id, num_tokens, num_tokens_main_model):
+        blocks = allocate(request_id, num_tokens, num_tokens_main_model)
+        held.append(len(manager.req_to_blocks[request_id]))
+        return blocks
+
+    manager.allocate_new_blocks = recording
+    try:
+        yield held
+    finally:
+        del manager.allocate_new_blocks
+
+
 @pytest.fixture(scope="module")
 def qwen(tiny_model):
     return tiny_model("qwen3_6")
@@ -84,21 +104,10 @@ def test_pool_covering_the_context_gives_the_same_tokens_as_kvflash_off(pooled, 
 
 
 def test_a_prompt_8x_the_pool_completes_and_the_scheduler_holds_at_most_the_pool(pooled):
-    manager = kvflash_manager(pooled)
-    pool_blocks = manager.kv_cache_spec.pool_blocks
-    allocate, most = manager.allocate_new_blocks, []
-
-    def recording(request_id, num_tokens, num_tokens_main_model):
-        blocks = allocate(request_id, num_tokens, num_tokens_main_model)
-        most.append(len(manager.req_to_blocks[request_id]))
-        return blocks
-
-    manager.allocate_new_blocks = recording
-    try:
+    pool_blocks = kvflash_manager(pooled).kv_cache_spec.pool_blocks
+    with blocks_held(pooled) as most:
         before = runtime(pooled).stats()["page_outs"]
         out = greedy(pooled, [prompt(8 * POOL + 100, 5)], gen=GEN)
-    finally:
-        del manager.allocate_new_blocks
     assert len(out[0]) == GEN
     assert most and max(most) <= pool_blocks == 1
     assert runtime(pooled).stats()["page_outs"] - before >= (8 * POOL - POOL) // 64

@@ -5,7 +5,7 @@ identity when the budget covers the context, fast steps that read a suffix of th
 
 import pytest
 
-from tests.e2e.test_kvflash import greedy, kvflash, make_llm, prompt, runtime
+from tests.e2e.test_kvflash import blocks_held, greedy, kvflash, make_llm, prompt, runtime
 from tests.e2e.dflash_probe import engine
 from vllm_luce.kvflash.worker import pooled_group
 
@@ -47,23 +47,9 @@ def test_a_budget_covering_the_context_gives_the_same_tokens_as_kvflash_off(sfi,
 
 
 def test_a_long_context_decodes_on_fast_steps_with_dense_refreshes_and_keeps_every_block(sfi):
-    from vllm_luce.kvflash.spec import KVFlashManager
-
-    managers = engine(sfi).scheduler.kv_cache_manager.coordinator.single_type_managers
-    manager = next(m for m in managers if isinstance(m, KVFlashManager))
-    allocate, most = manager.allocate_new_blocks, []
-
-    def recording(request_id, num_tokens, num_tokens_main_model):
-        blocks = allocate(request_id, num_tokens, num_tokens_main_model)
-        most.append(len(manager.req_to_blocks[request_id]))
-        return blocks
-
-    manager.allocate_new_blocks = recording
     before = runtime(sfi).stats()
-    try:
+    with blocks_held(sfi) as most:
         out = greedy(sfi, [prompt(8 * BUDGET + 100, 13)], gen=80)
-    finally:
-        del manager.allocate_new_blocks
     after = runtime(sfi).stats()
     assert len(out[0]) == 80
     # tau = max(16, context // 45), 72 by decode step 72: that step is dense, the other 78 are fast

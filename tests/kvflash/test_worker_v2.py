@@ -65,6 +65,17 @@ def fake_runner():
     return runner, finished
 
 
+@dataclass
+class CM:
+    """The CommonAttentionMetadata fields the pooled builder reads."""
+    num_reqs: int
+    seq_lens: torch.Tensor
+    max_seq_len: int
+    max_query_len: int
+    block_table_tensor: torch.Tensor | None = None
+    seq_lens_cpu_upper_bound: object = None
+
+
 def step(runner, start, n):
     return runner.block_tables.compute_slot_mappings(
         torch.tensor([2]), torch.tensor([0, n], dtype=torch.int32), torch.arange(start, start + n), n)
@@ -87,14 +98,6 @@ def test_v2_binding_maps_pooled_slots_inside_the_request_blocks_and_releases():
     pager = runtime.pagers["r"]
     assert len(pager.resident) * 64 <= POOL and pager.host
     assert int(runtime.resident_lens[0]) == pager.resident_tokens() <= POOL
-    @dataclass
-    class CM:
-        num_reqs: int
-        seq_lens: torch.Tensor
-        max_seq_len: int
-        max_query_len: int
-        seq_lens_cpu_upper_bound: object = None
-
     built = runner.attn_groups[1][0].metadata_builders[0].build(0, CM(1, torch.tensor([1000]), 1000, 100))
     assert built.seq_lens.tolist() == [pager.resident_tokens()] and built.max_seq_len == pager.resident_tokens()
     runner.finish_requests(SimpleNamespace(finished_req_ids={"r"}, preempted_req_ids=None))
@@ -117,17 +120,8 @@ def test_v2_binding_with_sfi_keeps_vllms_slots_and_starts_fast_rows_at_the_selec
     skip = int(runtime.skip_blocks[0])
     assert skip > 0 and runtime.pagers["r"].stats.sparse_steps == 1
 
-    @dataclass
-    class CM:
-        num_reqs: int
-        seq_lens: torch.Tensor
-        max_seq_len: int
-        max_query_len: int
-        block_table_tensor: torch.Tensor
-        seq_lens_cpu_upper_bound: object = None
-
     table = torch.tensor([row + [0, 0]], dtype=torch.int32)
-    built = runner.attn_groups[1][0].metadata_builders[0].build(0, CM(1, torch.tensor([901]), 901, 1, table))
+    built = runner.attn_groups[1][0].metadata_builders[0].build(0, CM(1, torch.tensor([901]), 901, 1, block_table_tensor=table))
     assert built.seq_lens.tolist() == [901 - skip * BS]
     assert built.block_table_tensor[0, : len(row) - skip].tolist() == row[skip:]
     assert table[0].tolist() == row + [0, 0]  # vLLM's table itself is untouched
