@@ -7,7 +7,8 @@ the configuration, so a bad setting stops startup there).
   (``long_prefill_token_threshold``) is not applied to a request alone in the batch, so the step
   budget (``max_num_batched_tokens``) itself is capped.
 * Prefix caching is switched off: a pooled request's KV depends on what it paged out (with SFI, on
-  how its chunks were permuted among its blocks), so it is not a function of the prefix, and vLLM's hybrid coordinator takes hits from the other groups alone.
+  how its chunks were permuted among its blocks), so it is not a function of the prefix, and vLLM's
+  hybrid coordinator takes hits from the other groups alone.
 """
 
 from __future__ import annotations

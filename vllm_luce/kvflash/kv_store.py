@@ -100,24 +100,26 @@ class PagedPoolStore:
         offsets = np.arange(position * self.chunk, (position + 1) * self.chunk)
         return torch.from_numpy(self.slots(offsets)).to(self.device)
 
+    def _index(self, slots: torch.Tensor):
+        """Index tuple of the tokens at cache ``slots``: ``[2, T, heads, head]`` in the nhd layout,
+        ``[T, 2 * head, heads]`` (through the element map) in the cpu layout."""
+        blocks, offsets = slots // self.cache_block_size, slots % self.cache_block_size
+        if self.elements is None:
+            return slice(None), blocks, offsets
+        return blocks[:, None], slice(None), self.elements[offsets]
+
     def _gather(self, slots: torch.Tensor) -> list[torch.Tensor]:
         """Each layer's K and V at cache ``slots``, in token form: ``[T, heads, 2, head]`` (cpu) or
         ``[2, T, heads, head]`` (nhd)."""
-        blocks, offsets = slots // self.cache_block_size, slots % self.cache_block_size
+        index = self._index(slots)
         if self.elements is None:
-            return [v[:, blocks, offsets] for v in self.views]
-        index = (blocks[:, None], slice(None), self.elements[offsets])  # -> [T, 2 * head, heads]
+            return [v[index] for v in self.views]
         return [v[index].transpose(1, 2).reshape(len(slots), v.shape[1], 2, self.head) for v in self.views]
 
     def _scatter(self, slots: torch.Tensor, data: torch.Tensor) -> None:
-        blocks, offsets = slots // self.cache_block_size, slots % self.cache_block_size
-        if self.elements is None:
-            for v, d in zip(self.views, data):
-                v[:, blocks, offsets] = d
-            return
-        index = (blocks[:, None], slice(None), self.elements[offsets])
+        index = self._index(slots)
         for v, d in zip(self.views, data):
-            v[index] = d.reshape(len(slots), v.shape[1], 2 * self.head).transpose(1, 2)
+            v[index] = d if self.elements is None else d.reshape(len(slots), v.shape[1], 2 * self.head).transpose(1, 2)
 
     def _tokens(self, position: int) -> list[torch.Tensor]:
         """Each layer's K and V of the chunk at ``position``, in the layout's token form."""

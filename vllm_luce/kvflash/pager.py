@@ -177,6 +177,10 @@ class RequestPager:
         return (len(self.resident) - 1) * self.config.chunk_tokens + self.num_tokens - \
             (self.num_chunks - 1) * self.config.chunk_tokens
 
+    def skipped_tokens(self) -> int:
+        """Leading pool tokens attention skips: none (the compacted pool is read whole; SFI skips some)."""
+        return 0
+
     def pool_offset(self, position: int) -> int:
         """Pool offset of logical token ``position`` (its chunk must be resident)."""
         chunk, within = divmod(position, self.config.chunk_tokens)

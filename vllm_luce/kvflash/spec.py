@@ -3,8 +3,9 @@
 
 ``KVFlashSpec`` is a full-attention spec with a per-request cap of ``pool_tokens``: the manager
 allocates blocks as a request grows, up to ``ceil(pool_tokens / block_size)`` blocks, and never
-more (``pool_tokens`` 0: no cap, the SFI selection mode, which keeps all KV resident). The scheduler's startup check (``max_memory_usage_bytes``) and its admission therefore see
-the pool, not the context, so prompts far beyond the KV budget are admitted. Where tokens go inside
+more (``pool_tokens`` 0: no cap, the SFI selection mode, which keeps all KV resident). The
+scheduler's startup check (``max_memory_usage_bytes``) and its admission therefore see the pool, not
+the context, so prompts far beyond the KV budget are admitted. Where tokens go inside
 those blocks is the worker's business (``worker.py``: a compacted pool, see ``pager.py``).
 Prefix caching is off for these layers: a block's content depends on paging, not on the prefix.
 Importing this module registers the spec.

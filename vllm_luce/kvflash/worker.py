@@ -59,12 +59,12 @@ class KVFlashRuntime:
         if pager is None:
             store = PagedPoolStore(self.caches, self.layout, self.head_size, self.block_size, self.config.chunk_tokens)
             if self.selection == "sfi":
-                pager = self.pagers[req_id] = RequestSelection(self.config, store, align_tokens=self.block_size,
-                                                               req_id=req_id)
-                return pager
-            pager = self.pagers[req_id] = RequestPager(self.config, store)
+                pager = RequestSelection(self.config, store, align_tokens=self.block_size)
+            else:
+                pager = RequestPager(self.config, store)
+            self.pagers[req_id] = pager
             pager.req_id = req_id
-            if self.host_budget is not None:
+            if self.host_budget is not None and self.selection != "sfi":  # SFI pages nothing out
                 pager.host_allowance = functools.partial(self._host_allowance, pager)
         return pager
 
@@ -93,7 +93,7 @@ class KVFlashRuntime:
                 offsets = pager.prepare(start, hi - lo, self.policy, decoded=decoded)
                 slots[lo:hi] = pager.store.slots(offsets)
             self.resident_lens[r] = pager.resident_tokens()
-            self.skip_blocks[r] = pager.skipped_tokens() // self.block_size if self.selection == "sfi" else 0
+            self.skip_blocks[r] = pager.skipped_tokens() // self.block_size
         self.step_req_ids = list(req_ids)
         self.report_metrics()
         self.step_last_rows = np.asarray(query_start_loc[1: len(req_ids) + 1], dtype=np.int64) - 1
