@@ -14,7 +14,8 @@ the copy stream, which the compute stream never waits for. Page-in copies host t
 copy stream (after any page-out still in flight, by stream order) and the compute stream waits for
 that copy before scattering. In the FlashAttention layout a layer's gather or scatter indexes its
 token rows with one slot tensor (advanced indexing: on an H200, ``index_select`` along the token
-dimension made page-out 1.1-1.8x slower).
+dimension made page-out 1.1-1.8x slower). On a GPU every layer's rows move in one Triton launch
+(``kernels.chunk_copy``) instead of one or two launches per layer, which left paging launch-bound.
 """
 
 from __future__ import annotations
@@ -64,6 +65,19 @@ def _token_rows(views: list[torch.Tensor]) -> list[torch.Tensor] | None:
         return None
 
 
+def _row_mover(rows: list[torch.Tensor] | None, device: torch.device):
+    """One-launch gather/scatter over every layer's token rows on a GPU; None where the per-layer torch
+    copies run instead (CPU, caches whose rows cannot be viewed or differ in strides)."""
+    if rows is None or not rows or device.type != "cuda":
+        return None
+    from vllm_luce.kernels.chunk_copy import LayerRows  # imports Triton: GPU only
+
+    try:
+        return LayerRows(rows)
+    except ValueError:
+        return None
+
+
 @functools.lru_cache(maxsize=None)
 def _copy_stream(device: torch.device) -> torch.cuda.Stream:
     """One side stream per device for every request's host copies."""
@@ -89,6 +103,7 @@ class PagedPoolStore:
         self.row: np.ndarray = np.zeros(0, dtype=np.int64)  # the request's block ids, set every step
         self.device = self.views[0].device if self.views else torch.device("cpu")
         self.rows = _token_rows(self.views) if layout.name == "nhd" else None
+        self.mover = _row_mover(self.rows, self.device)
         self.copy_stream = _copy_stream(self.device) if self.device.type == "cuda" else None
 
     def slots(self, offsets) -> np.ndarray:
@@ -97,8 +112,15 @@ class PagedPoolStore:
         return self.row[offsets // self.block_size].astype(np.int64) * self.block_size + offsets % self.block_size
 
     def _cache_slots(self, position: int) -> torch.Tensor:
-        offsets = np.arange(position * self.chunk, (position + 1) * self.chunk)
-        return torch.from_numpy(self.slots(offsets)).to(self.device)
+        return self._device_slots(np.arange(position * self.chunk, (position + 1) * self.chunk))
+
+    def _device_slots(self, offsets: np.ndarray) -> torch.Tensor:
+        """Cache slots of pool offsets on the cache's device. On a GPU the copy is queued from pinned
+        memory: a pageable copy would stall the host until the compute stream drains."""
+        slots = torch.from_numpy(self.slots(offsets))
+        if self.device.type != "cuda":
+            return slots
+        return slots.pin_memory().to(self.device, non_blocking=True)
 
     def _index(self, slots: torch.Tensor):
         """Index tuple of the tokens at cache ``slots``: ``[2, T, heads, head]`` in the nhd layout,
@@ -111,6 +133,8 @@ class PagedPoolStore:
     def _gather(self, slots: torch.Tensor) -> list[torch.Tensor]:
         """Each layer's K and V at cache ``slots``, in token form: ``[T, heads, 2, head]`` (cpu) or
         ``[2, T, heads, head]`` (nhd)."""
+        if self.mover is not None:
+            return list(self.mover.gather(slots))
         index = self._index(slots)
         if self.elements is None:
             return [v[index] for v in self.views]
@@ -126,6 +150,8 @@ class PagedPoolStore:
         return self._gather(self._cache_slots(position))
 
     def read(self, position: int) -> torch.Tensor:
+        if self.mover is not None:
+            return self.mover.gather(self._cache_slots(position))
         if self.rows is None:
             return torch.stack(self._tokens(position))
         slots = self._cache_slots(position)
@@ -161,6 +187,9 @@ class PagedPoolStore:
 
     def write(self, position: int, data: torch.Tensor) -> None:
         data = self._to_device(data)
+        if self.mover is not None:
+            self.mover.scatter(self._cache_slots(position), data)
+            return
         if self.rows is None:
             self._scatter(self._cache_slots(position), data)
             return
@@ -176,7 +205,7 @@ class PagedPoolStore:
     def keys_at(self, positions: list[int]) -> torch.Tensor:
         """[len(positions), layers, chunk, kv_heads, head]: the post-RoPE keys of chunks, one gather per layer."""
         offsets = (np.asarray(positions, dtype=np.int64)[:, None] * self.chunk + np.arange(self.chunk)).ravel()
-        slots = torch.from_numpy(self.slots(offsets)).to(self.device)
+        slots = self._device_slots(offsets)
         keys = torch.stack([self._keys(t) for t in self._gather(slots)], dim=1)  # [tokens, layers, H, D]
         return keys.view(len(positions), self.chunk, *keys.shape[1:]).transpose(1, 2)
 
