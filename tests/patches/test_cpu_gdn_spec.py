@@ -65,3 +65,27 @@ def test_uniform_batch_matches_the_per_request_roll():
         out_l = _per_request(looped, slots, accepted, starts, lengths, x, weight, bias, silu=True)
         torch.testing.assert_close(out_b, out_l)
         torch.testing.assert_close(batched, looped)
+
+
+def test_plain_steps_through_vllms_decode_conv_match_the_general_roll():
+    """q = 1 for every request: realign rows that accepted drafts, then vLLM's own decode conv (what a
+    plain decode runs), on a strided buffer as vLLM's SD conv-state layout gives; equal to the roll."""
+    import pytest
+
+    G = pytest.importorskip("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention")
+    from vllm_luce.patches.cpu_gdn_spec import plain_step_conv
+
+    g = torch.Generator().manual_seed(3)
+    dim, width, state_len, n = 64, 4, 19, 5
+    weight, bias = torch.randn(dim, width, generator=g).bfloat16(), torch.randn(dim, generator=g).bfloat16()
+    base = torch.randn(8, state_len, dim, generator=g).bfloat16().transpose(1, 2)  # [slots, dim, state_len] view
+    slots, accepted = torch.tensor([3, 5, 6, 1, 7]), torch.tensor([1, 4, 2, 16, 1])  # slot 0 is vLLM's null block
+    x = torch.randn(n, dim, generator=g).bfloat16()
+    fast, general = base.clone(), base.float()
+    out = plain_step_conv(fast, slots, accepted, x, weight, bias, "silu", G.causal_conv1d_update_cpu)
+    want = roll_conv_and_convolve(general, slots, accepted, torch.arange(n), torch.ones(n, dtype=torch.long),
+                                  x.float(), weight.float(), bias.float(), silu=True)
+    torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=5e-2)  # bf16 output rounding
+    for s in slots.tolist():  # the history the next step reads, exactly
+        assert torch.equal(fast[s, :, : width - 1], general[s, :, : width - 1].bfloat16())
+    assert torch.equal(fast[2], base[2]) and torch.equal(fast[4], base[4])  # other slots untouched

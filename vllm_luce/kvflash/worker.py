@@ -115,15 +115,20 @@ class KVFlashRuntime:
         self.step_queries.clear()
 
     def release(self, req_ids) -> None:
+        """Forget finished or preempted requests; their totals move to ``released``. Metrics are published
+        at once only when a pager went (called twice every step, mostly with nothing to release)."""
+        released = False
         for req_id in req_ids:
             if hasattr(self.policy, "release"):
                 self.policy.release(req_id)
             pager = self.pagers.pop(req_id, None)
             if pager is not None:
+                released = True
                 for k, v in vars(pager.stats).items():
                     setattr(self.released, k, getattr(self.released, k) + v)
                 self.host_bytes_released += pager.release()
-        self.report_metrics(force=True)
+        if released:
+            self.report_metrics(force=True)
 
     def host_bytes(self) -> int:
         return sum(p.host_bytes() for p in self.pagers.values())

@@ -80,7 +80,9 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "or misplaces the history. So hybrid targets (Qwen3.5/3.6) could not change the draft length.",
         how="Wraps _spec_forward: when every request verifies the full width, vLLM's own code runs "
             "unchanged. Otherwise the conv step runs here with the general roll: history = prior[1:] + "
-            "new inputs, left-aligned. vLLM's fused SSM kernel, which already handles any length, then runs.",
+            "new inputs, left-aligned. A plain step (one input per request) realigns the rows that "
+            "accepted drafts and then runs vLLM's own decode conv, as a plain decode does on this buffer. "
+            "vLLM's fused SSM kernel, which already handles any length, then runs.",
         remove_when="vLLM's CPU GDN spec path supports variable draft counts per request "
                     "(dynamic speculative decoding on hybrid models).",
     ),

@@ -67,6 +67,22 @@ def _uniform(buffers, slots, accepted, x, weight, bias, silu: bool, q: int) -> t
     return out
 
 
+def plain_step_conv(buffers: torch.Tensor, slots: torch.Tensor, accepted: torch.Tensor, x: torch.Tensor,
+                    weight: torch.Tensor, bias: torch.Tensor | None, activation, decode_conv) -> torch.Tensor:
+    """One input per request (a plain step of a speculating engine): the same roll through vLLM's own
+    decode conv, which a plain decode uses on this wide buffer (its first ``width - 1`` columns).
+
+    Rows whose last step accepted ``a > 1`` tokens keep their history at column ``a - 1``; they are
+    realigned to column 0 first. Profiled on CPU (trained Qwen3.6 pair, gated, 4 requests): the batched
+    torch roll cost 1.6 ms per step over 6 GDN layers, about 6x vLLM's decode conv."""
+    width = weight.shape[-1]
+    for i in (accepted != 1).nonzero().flatten().tolist():
+        buf, offset = buffers[int(slots[i])], int(accepted[i]) - 1
+        buf[:, : width - 1] = buf[:, offset : offset + width - 1].clone()
+    return decode_conv(x=x, conv_state=buffers[:, :, : width - 1], weight=weight, bias=bias, activation=activation,
+                       conv_state_indices=slots.to(torch.int32).contiguous())
+
+
 def _make_wrapper(original):
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as G
 
@@ -82,9 +98,13 @@ def _make_wrapper(original):
                             width, state_len)
         slots = attn_metadata_i.spec_state_indices_tensor[:n, 0]
         accepted = attn_metadata_i.num_accepted_tokens[:n]
-        conv_out = roll_conv_and_convolve(conv_buf, slots, accepted, qsl[:-1], lengths, mixed_qkv_spec,
-                                          G._unpacked_conv_weight(layer), layer.conv1d.bias,
-                                          layer.activation == "silu")
+        if bool((lengths == 1).all()):
+            conv_out = plain_step_conv(conv_buf, slots, accepted, mixed_qkv_spec, G._unpacked_conv_weight(layer),
+                                       layer.conv1d.bias, layer.activation, G.causal_conv1d_update_cpu)
+        else:
+            conv_out = roll_conv_and_convolve(conv_buf, slots, accepted, qsl[:-1], lengths, mixed_qkv_spec,
+                                              G._unpacked_conv_weight(layer), layer.conv1d.bias,
+                                              layer.activation == "silu")
         query, key, value = layer.rearrange_mixed_qkv(conv_out)
         return G.ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
             A_log=layer.A_log, dt_bias=layer.dt_bias, q=query.squeeze(0), k=key.squeeze(0), v=value.squeeze(0),
