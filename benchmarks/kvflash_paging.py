@@ -10,6 +10,8 @@ layers. Measured through ``PagedPoolStore`` (what the worker runs):
   tensor (the host copy runs on the side stream);
 * ``page_in``: copy host bytes back and scatter them into another pool position;
 * ``move``: relocate a chunk inside the pool (compaction), all layers;
+* ``write_through_64_tokens``: the alternative to page-out on eviction, copying each decoded token's K
+  and V to the host as it is written: 64 one-token copies (one per decode step), the bytes of one chunk;
 against ``torch`` copies of the same byte count between pinned host and device memory, and against
 the same store moving rows with one torch copy per layer (``*_per_layer``, the path before the
 one-launch ``kernels.chunk_copy`` mover), in the same run.
@@ -46,6 +48,8 @@ def main(argv=None) -> int:
     per_layer = PagedPoolStore(caches, NHD_LAYOUT, D, BLOCK, CHUNK)
     per_layer.row, per_layer.mover = store.row, None
     assert store.mover is not None, "the one-launch mover did not engage on these caches"
+    one_token = PagedPoolStore(caches, NHD_LAYOUT, D, BLOCK, 1)  # write-through moves one token per step
+    one_token.row = store.row
     host = store.read_host(3)
     assert torch.equal(host.to(dev), per_layer.read(3))
     store.synchronize()
@@ -61,6 +65,10 @@ def main(argv=None) -> int:
         "page_out_compute_stream_per_layer": timed(lambda: per_layer.read(5), args.reps),
         "page_in_per_layer": timed(lambda: per_layer.write(7, host), args.reps),
         "move_per_layer": timed(lambda: per_layer.rearrange([(9, 11)], []), args.reps),
+        "write_through_64_tokens": timed(
+            lambda: ([one_token.read_host(p) for p in range(320, 384)], one_token.synchronize()), args.reps),
+        "write_through_64_tokens_compute_stream": timed(
+            lambda: [one_token.read(p) for p in range(320, 384)], args.reps),
         "pinned_d2h": timed(lambda: pinned.copy_(flat), args.reps),
         "pinned_h2d": timed(lambda: flat.copy_(pinned, non_blocking=True), args.reps),
     }
@@ -72,6 +80,7 @@ def main(argv=None) -> int:
               "chunk_mb": round(chunk_bytes / 1e6, 2), "ms": {k: round(v, 4) for k, v in t.items()}, "GB_per_s": gbps,
               "page_out_vs_pinned_d2h": round(gbps["page_out"] / gbps["pinned_d2h"], 3),
               "page_in_vs_pinned_h2d": round(gbps["page_in"] / gbps["pinned_h2d"], 3),
+              "write_through_vs_page_out": round(t["write_through_64_tokens"] / t["page_out"], 2),
               "one_launch_speedup": {k: round(t[f"{k}_per_layer"] / t[k], 2)
                                      for k in ("page_out", "page_out_compute_stream", "page_in", "move")}}
     return report(result, args.json)
