@@ -49,7 +49,8 @@ def _per_request(buffers, slots, accepted, starts, lengths, x, weight, bias, sil
 
 
 def _uniform(buffers, slots, accepted, x, weight, bias, silu: bool, q: int) -> torch.Tensor:
-    """The same roll for n requests of q inputs each (every plain step: q = 1), in batched ops."""
+    """The same roll for n requests of q inputs each, in batched ops (q = 1, a plain step, goes through
+    ``plain_step_conv`` instead when vLLM's decode conv is at hand)."""
     n, width = len(slots), weight.shape[-1]
     slots = slots.long()
     bufs = buffers[slots]  # [n, dim, state_len] (a copy)
