@@ -210,7 +210,12 @@ class PagedPoolStore:
         return keys.view(len(positions), self.chunk, *keys.shape[1:]).transpose(1, 2)
 
     def summarize(self, position: int) -> torch.Tensor:
-        """[layers, kv_heads, head]: mean of the chunk's post-RoPE keys per KV head."""
+        """[layers, kv_heads, head] fp32: mean of the chunk's post-RoPE keys per KV head (on a GPU, one
+        launch reading only the keys; fp8 caches and the CPU take the per-layer torch path)."""
+        if self.mover is not None and self.mover.dtype.itemsize > 1:
+            from vllm_luce.kernels.chunk_score import key_means  # imports Triton: GPU only
+
+            return key_means(self.mover, self._cache_slots(position))
         return torch.stack([self._keys(t).float().mean(0) for t in self._tokens(position)])
 
     def _keys(self, tokens: torch.Tensor) -> torch.Tensor:

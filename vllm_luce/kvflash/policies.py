@@ -8,7 +8,9 @@ chunks that outscore resident ones.
 * ``QK``: per chunk, the mean-pooled post-RoPE keys per KV head (``pager.summaries``, filled by
   the pager from its store when a chunk is full), scored by cosine with the current queries. Each
   query head is compared with its group's KV head; the score is the maximum over query heads,
-  averaged over the full-attention layers.
+  averaged over the full-attention layers. On a GPU the summaries and scores come from Triton
+  kernels (``kernels.chunk_score``) on device-resident summaries and queries; one device-to-host
+  copy per scoring brings the [chunks] scores back. Elsewhere the same math runs in torch.
 * ``Scorer``: an external per-chunk score (PFlash's drafter scorer plugs in here).
 * ``MaxLogit`` (``"attention"``, SFI only): per chunk, the largest attention logit ``q . k / sqrt(d)``
   of the current queries over the chunk's own keys (max over tokens and each group's query heads),
@@ -21,7 +23,6 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 
 class LRU:
@@ -49,11 +50,11 @@ class QK:
         missing = [c for c in chunks if c not in pager.summaries]
         if missing:
             raise KeyError(f"QK policy: no key summary for chunks {missing[:8]}")
-        keys = torch.stack([pager.summaries[c] for c in chunks]).float()  # [C, L, Hkv, D]
-        per_layer = qk_layer_scores(queries.float(), keys)
+        keys = torch.stack([pager.summaries[c] for c in chunks])  # [C, L, Hkv, D], where the summaries live
+        per_layer = qk_layer_scores(queries.to(keys.device), keys)
         if self.reduce_max is not None:
             per_layer = self.reduce_max(per_layer)
-        return per_layer.mean(dim=-1)
+        return per_layer.mean(dim=-1).cpu()
 
 
 def qk_scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
@@ -63,14 +64,15 @@ def qk_scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 
 
 def qk_layer_scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """[C, L]: per layer, the max over query heads of cos(query head, its group's key summary)."""
-    layers, hq, _ = queries.shape
-    hkv = keys.shape[2]
-    if hq % hkv:
-        raise ValueError(f"{hq} query heads do not group over {hkv} KV heads")
-    k = keys.repeat_interleave(hq // hkv, dim=2)  # [C, L, Hq, D]
-    cos = (F.normalize(queries, dim=-1)[None] * F.normalize(k, dim=-1)).sum(-1)  # [C, L, Hq]
-    return cos.amax(dim=-1)
+    """[C, L] fp32: per layer, the max over query heads of cos(query head, its group's key summary).
+    The Triton kernel on a GPU, its torch reference elsewhere (the same semantics, tested together)."""
+    if keys.is_cuda and len(keys):
+        from vllm_luce.kernels.chunk_score import chunk_scores  # imports Triton: GPU only
+
+        return chunk_scores(queries, keys)
+    from vllm_luce.kernels.chunk_score.naive import chunk_scores_naive
+
+    return chunk_scores_naive(queries, keys)
 
 
 class Scorer:

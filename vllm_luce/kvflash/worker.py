@@ -9,8 +9,8 @@ Per step, before the forward (``plan``):
 With ``selection: "sfi"`` a ``RequestSelection`` (``sfi.py``) stands in for the pager: all KV stays
 resident and a fast step's attention reads a suffix of the request's block row (the builder drops
 the row's first ``skipped_tokens() // block_size`` blocks).
-After the forward, the pooled layers' queries of each request's last token are kept for the QK
-policy. Finished and preempted requests release their pagers (and host pages).
+After the forward, the pooled layers' queries of each request's last token are kept (on the device)
+for the QK policy. Finished and preempted requests release their pagers (and host pages).
 
 ``KVFlashRuntime`` holds that logic and knows nothing of a particular runner; ``bind_v1`` (here)
 and ``bind_v2`` (``worker_v2.py``) attach it to vLLM's two model runners.
@@ -47,7 +47,8 @@ class KVFlashRuntime:
         self.skip_blocks = torch.zeros(max_num_reqs, dtype=torch.int64)  # SFI: leading blocks attention skips
         self.step_req_ids: list[str] = []
         self.step_last_rows: np.ndarray = np.zeros(0, dtype=np.int64)  # last token of each scheduled row
-        self.step_queries: dict[int, torch.Tensor] = {}  # pooled layer -> [rows, q_heads, head]
+        self.step_queries: dict[int, torch.Tensor] = {}  # pooled layer -> [rows, q_heads, head], on the device
+        self._step_rows: torch.Tensor | None = None
         self.host_bytes_released = 0
         self.released = PagerStats()  # totals of released pagers
         self.host_budget = host_budget  # bytes of paged-out KV this worker may hold (None: unbounded)
@@ -97,13 +98,23 @@ class KVFlashRuntime:
         self.step_req_ids = list(req_ids)
         self.report_metrics()
         self.step_last_rows = np.asarray(query_start_loc[1: len(req_ids) + 1], dtype=np.int64) - 1
+        self._step_rows = None
         return slots
 
     def observe_queries(self, layer: int, query: torch.Tensor) -> None:
         """Called by each pooled layer with its post-RoPE queries [tokens, q_heads, head] (QK, attention)."""
         if getattr(self.policy, "needs_queries", False) and len(self.step_last_rows):
-            rows = torch.as_tensor(self.step_last_rows, device=query.device)
-            self.step_queries[layer] = query.index_select(0, rows).detach().float().cpu()
+            self.step_queries[layer] = query.index_select(0, self._last_rows_on(query.device)).detach().float()
+
+    def _last_rows_on(self, device: torch.device) -> torch.Tensor:
+        """This step's last-token rows on ``device``, copied once per step (queued from pinned memory on a
+        GPU: queries stay on the device, so capturing them never waits for the forward)."""
+        rows = self._step_rows
+        if rows is None or rows.device != device:
+            rows = torch.from_numpy(self.step_last_rows)
+            rows = rows.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else rows
+            self._step_rows = rows
+        return rows
 
     def _collect_queries(self) -> None:
         if not self.step_queries:
@@ -378,8 +389,8 @@ def _tp_reduce_max():
 
     def reduce_max(t: torch.Tensor) -> torch.Tensor:
         group = get_tp_group()
-        t = t.to(group.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group.device_group)
-        return t.cpu()
+        reduced = t.to(group.device)
+        dist.all_reduce(reduced, op=dist.ReduceOp.MAX, group=group.device_group)
+        return reduced.to(t.device)
 
     return reduce_max

@@ -69,14 +69,14 @@ class LayerRows:
         self.caches, self.dtype, self.device = caches, first.dtype, first.device
         self.row_shape = tuple(first.shape[2:])
         # fp8 caches move as bytes (bit-exact either way; the kernel needs a dtype Triton loads everywhere)
-        self._base = first.view(torch.uint8) if first.element_size() == 1 else first
+        self.base = first.view(torch.uint8) if first.element_size() == 1 else first
         size = first.element_size()
         deltas = [cache.data_ptr() - first.data_ptr() for cache in caches]
         if any(d % size for d in deltas):
             raise ValueError(f"chunk_copy: cache base addresses must be {size}-byte aligned relative to each other")
-        self._offsets = torch.tensor([d // size for d in deltas], dtype=torch.int64, device=first.device)
-        self._row_elems = first[0, 0].numel()
-        self._block = min(triton.next_power_of_2(max(self._row_elems, 1)), _MAX_BLOCK)
+        self.offsets = torch.tensor([d // size for d in deltas], dtype=torch.int64, device=first.device)
+        self.row_elems = first[0, 0].numel()
+        self._block = min(triton.next_power_of_2(max(self.row_elems, 1)), _MAX_BLOCK)
 
     def shape(self, num_slots: int) -> tuple[int, ...]:
         return (len(self.caches), 2, num_slots, *self.row_shape)
@@ -105,13 +105,13 @@ class LayerRows:
     def _launch(self, slots: torch.Tensor, flat: torch.Tensor, to_flat: bool) -> None:
         if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64):
             raise ValueError(f"chunk_copy: slots must be a 1-D int32/int64 tensor, got {list(slots.shape)} {slots.dtype}")
-        if len(slots) == 0 or self._row_elems == 0:
+        if len(slots) == 0 or self.row_elems == 0:
             return
-        base = self._base
+        base = self.base
         flat = flat.view(torch.uint8) if base.dtype == torch.uint8 else flat
         _copy_rows_kernel[(len(slots), 2, len(self.caches))](
-            base, self._offsets, slots.to(self.device), flat, base.stride(0), base.stride(1), len(slots),
-            self._row_elems, TO_FLAT=to_flat, BLOCK=self._block)
+            base, self.offsets, slots.to(self.device), flat, base.stride(0), base.stride(1), len(slots),
+            self.row_elems, TO_FLAT=to_flat, BLOCK=self._block)
 
 
 def gather_rows(caches: list[torch.Tensor], slots: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

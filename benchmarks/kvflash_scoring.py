@@ -1,0 +1,113 @@
+"""GPU: KVFlash's QK residency scoring, Triton kernels vs the torch reference, one run.
+
+    python3 benchmarks/kvflash_scoring.py --json kvflash_scoring.json
+
+A Qwen3-8B-shaped model (36 full-attention layers, 32 query / 8 KV heads, head dim 128, bf16 KV)
+at 32K, 128K and 256K tokens of context: 512, 2,048 and 4,096 chunks of 64 tokens. Measured:
+* ``score``: per-layer chunk scores from fp32 summaries ``[chunks, layers, 8, 128]`` and the latest
+  queries, ``kernels.chunk_score.chunk_scores`` against its torch reference on the same GPU
+  (``torch_gpu``) and on the host (``torch_host``, where the policy scored before: queries and
+  summaries copied to host memory, 16 host cores here);
+* ``policy``: ``QK.scores`` as a reselection runs it, from the pager's per-chunk summaries to host
+  scores (stack, kernel, layer mean, one device-to-host copy);
+* ``summary``: one chunk's key summary over all 36 layers, ``kernels.chunk_score.key_means``
+  (one launch, keys only) against the per-layer torch path (gather K and V, then mean per layer);
+plus the bandwidth the scoring kernel reaches on the summary bytes against a device copy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script path
+from benchmarks import report  # noqa: E402
+from benchmarks.gpu_timing import copy_bandwidth, device_info, timed  # noqa: E402
+from vllm_luce.kernels.chunk_score import chunk_scores, chunk_scores_naive  # noqa: E402
+from vllm_luce.kvflash.kv_store import NHD_LAYOUT, PagedPoolStore  # noqa: E402
+from vllm_luce.kvflash.policies import QK  # noqa: E402
+
+LAYERS, HQ, HKV, D, BLOCK, CHUNK = 36, 32, 8, 128, 16, 64
+
+
+class _Pager:
+    """What ``QK.scores`` reads of a pager."""
+
+    def __init__(self, queries, summaries):
+        self.queries, self.summaries = queries, summaries
+
+
+def _host_ms(fn, reps: int) -> float:
+    fn()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    return (time.perf_counter() - t0) / reps * 1e3
+
+
+def scoring(contexts: list[int], reps: int) -> dict:
+    dev, out = torch.device("cuda"), {}
+    g = torch.Generator(device=dev).manual_seed(0)
+    for context in contexts:
+        chunks = context // CHUNK
+        queries = torch.randn(LAYERS, HQ, D, device=dev, generator=g)
+        summaries = torch.randn(chunks, LAYERS, HKV, D, device=dev, generator=g)
+        got = chunk_scores(queries, summaries)
+        torch.testing.assert_close(got, chunk_scores_naive(queries, summaries), atol=2e-5, rtol=1e-4)
+        pager = _Pager(queries, {c: summaries[c].clone() for c in range(chunks)})
+        ids = list(range(chunks))
+        torch.testing.assert_close(QK().scores(pager, ids), got.mean(-1).cpu(), atol=2e-5, rtol=1e-4)
+        host_q, host_s = queries.cpu(), summaries.cpu()
+        ms = {"triton": timed(lambda: chunk_scores(queries, summaries), reps),
+              "torch_gpu": timed(lambda: chunk_scores_naive(queries, summaries), reps),
+              "torch_host": _host_ms(lambda: chunk_scores_naive(host_q, host_s), max(1, reps // 10)),
+              "policy": _host_ms(lambda: QK().scores(pager, ids), reps)}
+        nbytes = summaries.numel() * 4
+        out[f"{context // 1024}K"] = {
+            "chunks": chunks, "summary_mb": round(nbytes / 1e6, 1), "ms": {k: round(v, 4) for k, v in ms.items()},
+            "triton_GB_per_s": round(nbytes / (ms["triton"] * 1e-3) / 1e9, 1),
+            "speedup_vs_torch_gpu": round(ms["torch_gpu"] / ms["triton"], 2),
+            "speedup_vs_torch_host": round(ms["torch_host"] / ms["triton"], 1)}
+        del pager, summaries, host_s
+        torch.cuda.empty_cache()
+    return out
+
+
+def summary(blocks: int, reps: int) -> dict:
+    dev = torch.device("cuda")
+    caches = [torch.randn(2, blocks, BLOCK, HKV, D, device=dev, dtype=torch.bfloat16) for _ in range(LAYERS)]
+    store = PagedPoolStore(caches, NHD_LAYOUT, D, BLOCK, CHUNK)
+    store.row = np.random.default_rng(0).permutation(blocks)[:256]
+    torch_path = PagedPoolStore(caches, NHD_LAYOUT, D, BLOCK, CHUNK)
+    torch_path.row, torch_path.mover = store.row, None
+    assert store.mover is not None, "the one-launch mover did not engage on these caches"
+    torch.testing.assert_close(store.summarize(5), torch_path.summarize(5), atol=1e-5, rtol=1e-5)
+    ms = {"key_means": timed(lambda: store.summarize(5), reps),
+          "torch_per_layer": timed(lambda: torch_path.summarize(5), reps)}
+    return {"ms": {k: round(v, 4) for k, v in ms.items()},
+            "speedup": round(ms["torch_per_layer"] / ms["key_means"], 2)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072, 262144])
+    ap.add_argument("--blocks", type=int, default=4096)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    copy = copy_bandwidth()
+    scores = scoring(args.contexts, args.reps)
+    for row in scores.values():
+        row["triton_vs_copy_bandwidth"] = round(row["triton_GB_per_s"] * 1e9 / copy, 3)
+    result = {**device_info(), "copy_GB_per_s": round(copy / 1e9, 1), "score": scores,
+              "summary_one_chunk": summary(args.blocks, args.reps)}
+    return report(result, args.json)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
