@@ -60,8 +60,9 @@ def test_host_memory_growth_after_warmup_is_at_most_5_percent(runs, name):
 
 def test_kvflash_and_pflash_keep_greedy_outputs_where_lossless(runs):
     """Measured 2026-11-21: 149 of 150 identical or first differing at a near-tie; one (request 10)
-    first differs at token 20 where the reference's top-2 gap is 4.4 nats. Unexplained and open: it
-    is allowed here (at most 1%), printed, and reported in docs/operations.md."""
+    first differs at token 20 where the reference's top-2 gap is 4.4 nats. vLLM alone gives the same
+    tokens under KVFlash's 320-token step budget (``scripts/repro_step_budget_divergence.py``), so at
+    most 1% is allowed here, printed, and explained in docs/operations.md."""
     cmp = L.compare_greedy(runs["kvflash+pflash"]["results"], runs["off"]["results"])
     print("KVFlash + PFlash vs off:", {k: v for k, v in cmp.items() if k != "mismatches"}, cmp["mismatches"])
     assert cmp["greedy_compared"] >= 100
