@@ -32,6 +32,16 @@ def autotune(configs: list[triton.Config], key: list[str], **kwargs):
     return triton.autotune(configs=configs, key=key, **kwargs)
 
 
+def check_device(name: str, *tensors: torch.Tensor) -> None:
+    """Kernel tensors: all on one CUDA device, or on the CPU under the interpreter."""
+    device = tensors[0].device
+    if not tensors[0].is_cuda and not is_interpreter():
+        raise ValueError(f"{name}: tensors must be on a CUDA device (got {device}); "
+                         "CPU tensors run only under TRITON_INTERPRET=1")
+    if any(t.device != device for t in tensors):
+        raise ValueError(f"{name}: all tensors must be on one device, got {[str(t.device) for t in tensors]}")
+
+
 LOG2E = 1.4426950408889634  # kernels keep logits in log2 units and use exp2
 
 

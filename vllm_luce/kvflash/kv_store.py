@@ -78,6 +78,12 @@ def _row_mover(rows: list[torch.Tensor] | None, device: torch.device):
         return None
 
 
+def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device``. On a GPU the copy is queued from pinned memory: a pageable
+    copy would stall the host until the compute stream drains."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
+
 @functools.lru_cache(maxsize=None)
 def _copy_stream(device: torch.device) -> torch.cuda.Stream:
     """One side stream per device for every request's host copies."""
@@ -115,12 +121,8 @@ class PagedPoolStore:
         return self._device_slots(np.arange(position * self.chunk, (position + 1) * self.chunk))
 
     def _device_slots(self, offsets: np.ndarray) -> torch.Tensor:
-        """Cache slots of pool offsets on the cache's device. On a GPU the copy is queued from pinned
-        memory: a pageable copy would stall the host until the compute stream drains."""
-        slots = torch.from_numpy(self.slots(offsets))
-        if self.device.type != "cuda":
-            return slots
-        return slots.pin_memory().to(self.device, non_blocking=True)
+        """Cache slots of pool offsets on the cache's device (``to_device_async``)."""
+        return to_device_async(torch.from_numpy(self.slots(offsets)), self.device)
 
     def _index(self, slots: torch.Tensor):
         """Index tuple of the tokens at cache ``slots``: ``[2, T, heads, head]`` in the nhd layout,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from vllm_luce import metrics
-from vllm_luce.kvflash.kv_store import CPU_LAYOUT, NHD_LAYOUT, PagedPoolStore, TokenLayout
+from vllm_luce.kvflash.kv_store import CPU_LAYOUT, NHD_LAYOUT, PagedPoolStore, TokenLayout, to_device_async
 from vllm_luce.kvflash.pager import PagerConfig, PagerStats, RequestPager
 from vllm_luce.kvflash.policies import make_policy
 from vllm_luce.kvflash.sfi import RequestSelection
@@ -107,13 +107,11 @@ class KVFlashRuntime:
             self.step_queries[layer] = query.index_select(0, self._last_rows_on(query.device)).detach().float()
 
     def _last_rows_on(self, device: torch.device) -> torch.Tensor:
-        """This step's last-token rows on ``device``, copied once per step (queued from pinned memory on a
-        GPU: queries stay on the device, so capturing them never waits for the forward)."""
+        """This step's last-token rows on ``device``, copied once per step without blocking: queries stay on
+        the device, so capturing them never waits for the forward."""
         rows = self._step_rows
         if rows is None or rows.device != device:
-            rows = torch.from_numpy(self.step_last_rows)
-            rows = rows.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else rows
-            self._step_rows = rows
+            rows = self._step_rows = to_device_async(torch.from_numpy(self.step_last_rows), device)
         return rows
 
     def _collect_queries(self) -> None:

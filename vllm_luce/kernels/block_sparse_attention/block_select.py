@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_luce.kernels._triton import LOG2E, autotune, is_interpreter, upcast_dots  # noqa: F401 (re-exported)
+from vllm_luce.kernels._triton import LOG2E, autotune, check_device, is_interpreter, upcast_dots  # noqa: F401 (re-exported)
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 256
@@ -143,15 +143,6 @@ def _block_score_kernel(q_ptr, km_ptr, rowmax_ptr, score_ptr, stride_qt, stride_
         tl.store(score_row + blocks, tl.zeros([BLOCK_N], dtype=tl.float32), mask=blocks < num_blocks)
 
 
-def _check_device(name: str, *tensors: torch.Tensor) -> None:
-    device = tensors[0].device
-    if not tensors[0].is_cuda and not is_interpreter():
-        raise ValueError(f"{name}: tensors must be on a CUDA device (got {device}); "
-                         "CPU tensors run only under TRITON_INTERPRET=1")
-    if any(t.device != device for t in tensors):
-        raise ValueError(f"{name}: all tensors must be on one device, got {[str(t.device) for t in tensors]}")
-
-
 def _check_tokens(name: str, label: str, t: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor) or t.dim() != 3:
         shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
@@ -207,14 +198,14 @@ def check_qkv(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | Non
     if k.dtype != q.dtype or (v is not None and v.dtype != q.dtype):
         raise ValueError(f"{name}: q, k and v must share one dtype, got {q.dtype}, {k.dtype}"
                          + (f", {v.dtype}" if v is not None else ""))
-    _check_device(name, q, k, *([v] if v is not None else []))
+    check_device(name, q, k, *([v] if v is not None else []))
 
 
 def block_mean_keys(k: torch.Tensor, block_size: int) -> torch.Tensor:
     """k [S, Hkv, D] (any strides) -> fp32 [M, Hkv, D]: the mean of each block's keys over its valid rows."""
     _check_tokens("block_mean_keys", "k", k)
     check_block_size("block_mean_keys", block_size)
-    _check_device("block_mean_keys", k)
+    check_device("block_mean_keys", k)
     S, Hkv, D = k.shape
     M = triton.cdiv(S, block_size)
     out = torch.empty(M, Hkv, D, dtype=torch.float32, device=k.device)
@@ -236,7 +227,7 @@ def block_scores(q: torch.Tensor, k_means: torch.Tensor, block_size: int, scale:
         shape = tuple(k_means.shape) if isinstance(k_means, torch.Tensor) else type(k_means).__name__
         raise ValueError(f"block_scores: k_means must be a float [M={M}, Hkv, {D}] tensor with Hq={Hq} a multiple "
                          f"of Hkv, got {shape}")
-    _check_device("block_scores", q, k_means)
+    check_device("block_scores", q, k_means)
     scale = D ** -0.5 if scale is None else float(scale)
     scores = torch.empty(Hq, M, M, dtype=torch.float32, device=q.device)
     if M == 0:

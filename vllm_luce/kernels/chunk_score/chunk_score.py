@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_luce.kernels._triton import autotune, is_interpreter
+from vllm_luce.kernels._triton import autotune, check_device
 from vllm_luce.kernels.chunk_copy import LayerRows
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -86,12 +86,6 @@ def _key_means_kernel(cache_base, layer_offsets, slots, out_ptr,
     tl.store(out_ptr + layer.to(tl.int64) * stride_ol + head * stride_oh + dims, mean, mask=dim_ok)
 
 
-def _on_kernel_device(t: torch.Tensor, name: str) -> None:
-    if not t.is_cuda and not is_interpreter():
-        raise ValueError(f"chunk_score: {name} must be on a CUDA device (got {t.device}); "
-                         "CPU tensors run only under TRITON_INTERPRET=1")
-
-
 def chunk_scores(queries: torch.Tensor, summaries: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """queries [layers, q_heads, head], summaries [chunks, layers, kv_heads, head] (fp32/fp16/bf16, any
     strides) -> [chunks, layers] fp32 (``out`` if given): per layer, the max over query heads of the
@@ -111,9 +105,7 @@ def chunk_scores(queries: torch.Tensor, summaries: torch.Tensor, out: torch.Tens
                         f"{queries.dtype} and {summaries.dtype}")
     if not 0 < head_dim <= _MAX_HEAD_DIM:
         raise ValueError(f"chunk_scores: head size must be 1 to {_MAX_HEAD_DIM}, got {head_dim}")
-    if queries.device != summaries.device:
-        raise ValueError(f"chunk_scores: queries are on {queries.device}, summaries on {summaries.device}")
-    _on_kernel_device(queries, "queries")
+    check_device("chunk_scores", queries, summaries)
     if out is None:
         out = torch.empty(num_chunks, layers, dtype=torch.float32, device=queries.device)
     elif tuple(out.shape) != (num_chunks, layers) or out.dtype != torch.float32 or out.device != queries.device:
