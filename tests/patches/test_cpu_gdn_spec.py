@@ -3,6 +3,7 @@
 Each step verifies a different number of inputs and accepts a different number of them; every
 output must equal a plain causal convolution over the accepted stream plus the step's inputs."""
 
+import pytest
 import torch
 
 from vllm_luce.patches.cpu_gdn_spec import _per_request, roll_conv_and_convolve
@@ -67,14 +68,16 @@ def test_uniform_batch_matches_the_per_request_roll():
         torch.testing.assert_close(batched, looped)
 
 
-def test_plain_steps_through_vllms_decode_conv_match_the_general_roll():
-    """q = 1 for every request: realign rows that accepted drafts, then vLLM's own decode conv (what a
-    plain decode runs), on a strided buffer as vLLM's SD conv-state layout gives; equal to the roll."""
-    import pytest
-
+@pytest.mark.parametrize("conv", ["torch", "cpp"])
+def test_plain_steps_through_a_plain_decode_conv_match_the_general_roll(conv):
+    """q = 1 for every request: realign rows that accepted drafts, then the conv a plain decode runs
+    (vLLM's torch decode conv, or its C++ one where the CPU has bf16 dot products), on a strided
+    buffer as vLLM's SD conv-state layout gives; equal to the roll."""
     G = pytest.importorskip("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention")
-    from vllm_luce.patches.cpu_gdn_spec import plain_step_conv
+    from vllm_luce.patches.cpu_gdn_spec import cpp_conv_supported, decode_conv, packed_decode_conv, plain_step_conv
 
+    if conv == "cpp" and not cpp_conv_supported():
+        pytest.skip("vLLM uses its C++ conv only on CPUs with bf16 dot products")
     g = torch.Generator().manual_seed(3)
     dim, width, state_len, n = 64, 4, 19, 5
     weight, bias = torch.randn(dim, width, generator=g).bfloat16(), torch.randn(dim, generator=g).bfloat16()
@@ -82,7 +85,10 @@ def test_plain_steps_through_vllms_decode_conv_match_the_general_roll():
     slots, accepted = torch.tensor([3, 5, 6, 1, 7]), torch.tensor([1, 4, 2, 16, 1])  # slot 0 is vLLM's null block
     x = torch.randn(n, dim, generator=g).bfloat16()
     fast, general = base.clone(), base.float()
-    out = plain_step_conv(fast, slots, accepted, x, weight, bias, "silu", G.causal_conv1d_update_cpu)
+    slots_i32 = slots.to(torch.int32)
+    convolve = (decode_conv(G.causal_conv1d_update_cpu, weight, bias, "silu", slots_i32) if conv == "torch" else
+                packed_decode_conv(G._causal_conv1d_update_cpu, weight, bias, True, slots_i32, width, packed=False))
+    out = plain_step_conv(fast, slots, accepted, x, convolve)
     want = roll_conv_and_convolve(general, slots, accepted, torch.arange(n), torch.ones(n, dtype=torch.long),
                                   x.float(), weight.float(), bias.float(), silu=True)
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=5e-2)  # bf16 output rounding

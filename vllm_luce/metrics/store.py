@@ -134,11 +134,13 @@ class Publisher:
 
     def ensure_started(self) -> None:
         pid = os.getpid()
-        if self.pid == pid or not os.environ.get(DIR_ENV) or os.environ.get(OWNER_ENV) == str(pid):
-            return  # running, or nowhere to publish, or this process serves /metrics itself
+        if self.pid == pid:
+            return  # decided for this process: publishing, or nowhere to publish
         if self.pid is not None:  # forked: the values belong to the parent
             self.store.clear()
         self.pid, self.written_version = pid, -1
+        if not os.environ.get(DIR_ENV) or os.environ.get(OWNER_ENV) == str(pid):
+            return  # nowhere to publish, or this process serves /metrics itself
         threading.Thread(target=self._loop, name="vllm-luce-metrics", daemon=True).start()
         atexit.register(self._remove_own_file)
 

@@ -81,8 +81,10 @@ LEDGER: tuple[LedgerEntry, ...] = (
         how="Wraps _spec_forward: when every request verifies the full width, vLLM's own code runs "
             "unchanged. Otherwise the conv step runs here with the general roll: history = prior[1:] + "
             "new inputs, left-aligned. A plain step (one input per request) realigns the rows that "
-            "accepted drafts and then runs vLLM's own decode conv, as a plain decode does on this buffer. "
-            "vLLM's fused SSM kernel, which already handles any length, then runs.",
+            "accepted drafts and then runs the decode conv a plain engine runs (vLLM's C++ one on packed "
+            "weights where the CPU has bf16 dot products) on this buffer. vLLM's fused SSM kernel, which "
+            "already handles any length, then runs. What the step's layers share (slots, counts, the rows to "
+            "realign) is computed once per step.",
         remove_when="vLLM's CPU GDN spec path supports variable draft counts per request "
                     "(dynamic speculative decoding on hybrid models).",
     ),
@@ -114,9 +116,24 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "forward on the bonus token. Plain steps must cost what no speculation costs, yet the "
             "drafter's KV must stay complete for when speculation resumes.",
         how="Wraps propose (inherited from SpecDecodeBaseProposer, set on DFlashProposer only): with K = 0 it "
-            "runs only the context pass (fc, hidden_norm, per-layer K/V of the newly committed tokens into "
-            "the drafter's cache) and returns no drafts; otherwise vLLM's own propose runs.",
-        remove_when="vLLM's DFlash proposer skips its query forward when no tokens are drafted.",
+            "runs no drafter. It keeps the step's target features, positions and drafter cache slots "
+            "(spec_decode/deferred_context.py) and returns no drafts. The next drafting step, or a full "
+            "store, first writes every held context in one pass (fc, hidden_norm, per-layer K/V), each "
+            "slot with its last write, then vLLM's own propose runs.",
+        remove_when="vLLM's DFlash proposer skips the drafter when no tokens are drafted.",
+    ),
+    LedgerEntry(
+        target="vllm.v1.sample.rejection_sampler:RejectionSampler.forward",
+        signature="(self, metadata: 'SpecDecodeMetadata', draft_probs: 'torch.Tensor | None', logits: "
+                  "'torch.Tensor', sampling_metadata: 'SamplingMetadata') -> 'SamplerOutput'",
+        module="vllm_luce.patches.rejection_sampler",
+        why="V1's model runner sends every step of a speculating engine through the rejection sampler, "
+            "including the DFlash gate's plain steps, which verify no draft. There it costs the rejection "
+            "kernels, a float32 copy of the logits and full-vocabulary log-probabilities for nothing.",
+        how="Wraps forward: a step with no drafts, no log-probabilities requested and no synthetic acceptance "
+            "makes the bonus draw directly (the same sampler call on the bonus logits: the same tokens). "
+            "Every other step runs vLLM's code.",
+        remove_when="V1's model runner samples draft-free steps without the rejection sampler.",
     ),
     LedgerEntry(
         target="vllm._custom_ops:rms_norm",
@@ -318,10 +335,11 @@ def apply_pflash_patches() -> None:
 
 def apply_patches() -> None:
     from vllm_luce.patches import (cpu_gdn_spec, cpu_rms_norm, dflash_proposer, engine_args, gpu_model_runner,
-                                   gpu_model_runner_kv_cache, gpu_v2_model_runner_kv_cache, vllm_config)
+                                   gpu_model_runner_kv_cache, gpu_v2_model_runner_kv_cache, rejection_sampler,
+                                   vllm_config)
 
     vllm_config.apply()
     engine_args.apply()
     for module in (cpu_gdn_spec, cpu_rms_norm, gpu_model_runner, gpu_model_runner_kv_cache,
-                   gpu_v2_model_runner_kv_cache, dflash_proposer):
+                   gpu_v2_model_runner_kv_cache, dflash_proposer, rejection_sampler):
         when_imported(module.TARGET.split(":")[0], module.apply)

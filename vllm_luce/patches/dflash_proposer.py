@@ -1,9 +1,10 @@
-"""Patch: a plain step (K = 0) of V1's DFlash proposer runs only the drafter's context pass (see LEDGER).
+"""Patch: a plain step (K = 0) of V1's DFlash proposer runs no drafter at all (see LEDGER).
 
 vLLM's own path for K = 0 runs the whole drafter forward on one bonus token per request and then
-returns nothing. Here the context pass alone runs: the newly committed tokens' target features
-through ``fc`` and ``hidden_norm`` into each layer's K/V in the drafter's cache. That is the part
-later drafts need. The query block, the MLPs and the lm_head are skipped.
+returns nothing. Only the context pass matters for later drafts: the newly committed tokens' target
+features through ``fc`` and ``hidden_norm`` into each layer's K/V in the drafter's cache. Here a plain
+step only keeps those features, positions and slots (``DeferredContext``); the next drafting step,
+or a full store, writes them all in one context pass before its own work.
 """
 
 from __future__ import annotations
@@ -13,8 +14,42 @@ import functools
 import torch
 
 from vllm_luce.patches import ledger_signature, wrap_method
+from vllm_luce.spec_decode.deferred_context import DeferredContext, context_slots
 
 TARGET = "vllm.v1.spec_decode.dflash:DFlashProposer.propose"
+
+
+def deferred(proposer) -> DeferredContext:
+    held = getattr(proposer, "_luce_deferred", None)
+    if held is None:
+        held = proposer._luce_deferred = DeferredContext(proposer.max_num_tokens)
+    return held
+
+
+def write_deferred(proposer) -> None:
+    """The held context writes, in one pass, into the drafter's cache."""
+    batch = deferred(proposer).take()
+    if batch is not None:
+        features, positions, slots = batch
+        proposer.model.precompute_and_store_context_kv(proposer.model.combine_hidden_states(features), positions,
+                                                       slots)
+
+
+def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
+    """Keep a plain step's context writes; write the held ones first when these would not fit."""
+    n = cad.num_actual_tokens
+    positions = (target_positions[0] if target_positions.dim() == 2 else target_positions)[:n]
+    features = target_hidden_states[:n]
+    slots = context_slots(cad.block_table_tensor, cad.query_start_loc[: cad.num_reqs + 1], positions,
+                          proposer.block_size)
+    held = deferred(proposer)
+    if not held.fits(features):
+        write_deferred(proposer)
+    if held.fits(features):
+        held.hold(features, positions, slots)
+    else:  # larger than the store on its own (a long prompt chunk): write it now
+        proposer.model.precompute_and_store_context_kv(proposer.model.combine_hidden_states(features), positions,
+                                                       slots)
 
 
 def _make_wrapper(original):
@@ -23,19 +58,14 @@ def _make_wrapper(original):
                 next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                 mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None):
         if num_speculative_tokens != 0:
+            write_deferred(self)
             return original(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                             next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                             mm_embed_inputs, num_rejected_tokens_gpu, slot_mappings)
         self.num_speculative_tokens = 0
         self._last_draft_probs = None
-        batch_size = common_attn_metadata.batch_size()
-        context = self.model.combine_hidden_states(target_hidden_states)
-        num_tokens, _, _ = self.set_inputs_first_pass(
-            target_token_ids=target_token_ids, next_token_ids=next_token_ids, target_positions=target_positions,
-            target_hidden_states=context, token_indices_to_sample=token_indices_to_sample,
-            cad=common_attn_metadata, num_rejected_tokens_gpu=num_rejected_tokens_gpu)
-        self.build_model_inputs_first_pass(num_tokens, num_tokens, None)  # writes the context K/V
-        return torch.empty(batch_size, 0, device=next_token_ids.device, dtype=torch.int64)
+        hold_context(self, target_positions, target_hidden_states, common_attn_metadata)
+        return torch.empty(common_attn_metadata.batch_size(), 0, device=next_token_ids.device, dtype=torch.int64)
 
     return propose
 

