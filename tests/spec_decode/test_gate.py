@@ -123,3 +123,20 @@ def test_decisive_gaps_are_explored_less_often():
     simulate(close, 2000, 110.0, 100.0)
     simulate(decisive, 2000, 800.0, 100.0)
     assert decisive.explorations < close.explorations / 4, (decisive.explorations, close.explorations)
+
+
+def test_a_larger_batch_than_one_running_plain_starts_plain_then_calibrates():
+    config = GateConfig()
+    gate = SpecGate(config)
+    simulate(gate, 200, 50.0, 100.0, batch=4)  # plain wins 2x at batch 4
+    interval = gate.regimes[SpecGate.regime_key(4, 2048)].explore_interval(config.explore_every,
+                                                                             config.max_explore_scale)
+    modes = simulate(gate, interval + 4 * config.run_length, 30.0, 100.0, batch=16)
+    assert not any(modes[:interval]) and any(modes[interval:]), modes  # no spec step before the exploration
+    assert gate.regimes[SpecGate.regime_key(16, 2048)].winner() is False
+    # Where speculation wins at the smaller batch, a larger one calibrates at once, spec first.
+    fresh = SpecGate(config)
+    simulate(fresh, 200, 300.0, 100.0, batch=4)
+    assert simulate(fresh, 2 * config.run_length, 300.0, 100.0, batch=16)[:config.run_length] == [True] * config.run_length
+    # A smaller batch never inherits from a larger one.
+    assert gate.plain_prior(2, 2048) is None and gate.plain_prior(16, 40_000) is None

@@ -9,7 +9,9 @@ steps so a stale estimate cannot lock a regime into the wrong mode. The more dec
 measured gap, the rarer the exploration: the interval is ``explore_every`` times the winner's
 speed ratio (capped at ``max_explore_scale``), so a mode that wins by 4x is re-checked every
 4 x 64 steps, and two close modes are compared often. A regime without samples
-of both modes alternates until it has ``min_samples`` of each. A decision holds for
+of both modes alternates until it has ``min_samples`` of each, except a larger batch than one that
+already runs plain at its context: it starts plain and calibrates at its first exploration
+(``plain_prior``). A decision holds for
 ``run_length`` steps: drafts made in one step are verified in the next, so the first step of a
 run is a transition (the binding reports it as neither mode) and the rest are clean samples.
 
@@ -126,8 +128,15 @@ class SpecGate:
             return self._mode
         spec_n, plain_n = r.spec_rate.samples, r.plain_rate.samples
         if min(spec_n, plain_n) < self.config.min_samples:
-            # Calibrating: alternate runs (even if a run yielded no clean sample), spec first.
-            choice = r.runs[True] <= r.runs[False]
+            prior = self.plain_prior(batch_size, context_tokens) if spec_n == 0 and r.runs[True] == 0 else None
+            if prior is not None and r.steps <= prior:
+                choice = False  # a smaller batch runs plain here: so does this one, until its first exploration
+            else:
+                if prior is not None:  # that first exploration: calibrate from here, spec first
+                    r.runs[False] = 0
+                    self.explorations += 1
+                # Calibrating: alternate runs (even if a run yielded no clean sample), spec first.
+                choice = r.runs[True] <= r.runs[False]
         else:
             choice = bool(r.winner())
             if r.steps - r.last_explore >= r.explore_interval(self.config.explore_every,
@@ -139,6 +148,18 @@ class SpecGate:
         self._mode, self._hold = choice, self.config.run_length - 1
         self.decisions["spec" if choice else "plain"] += 1
         return choice
+
+    def plain_prior(self, batch_size: int, context_tokens: int) -> int | None:
+        """Steps a new regime runs plain before calibrating, when a measured smaller batch at its context
+        runs plain: speculation pays less as the batch grows (verifying scales with the batch, acceptance
+        does not), so calibrating a larger batch from scratch spends its costliest steps on a known loser.
+        The largest such batch's exploration interval; None when there is none."""
+        b, c = self.regime_key(batch_size, context_tokens)
+        smaller = [(bb, r) for (bb, cc), r in self.regimes.items() if cc == c and bb < b and r.winner() is False]
+        if not smaller:
+            return None
+        _, r = max(smaller, key=lambda item: item[0])
+        return r.explore_interval(self.config.explore_every, self.config.max_explore_scale)
 
     def observe(self, *, speculative: bool, batch_size: int, context_tokens: int, committed_tokens: int,
                 seconds: float) -> None:
