@@ -74,7 +74,7 @@ def test_plain_steps_through_a_plain_decode_conv_match_the_general_roll(conv):
     (vLLM's torch decode conv, or its C++ one where the CPU has bf16 dot products), on a strided
     buffer as vLLM's SD conv-state layout gives; equal to the roll."""
     G = pytest.importorskip("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention")
-    from vllm_luce.patches.cpu_gdn_spec import cpp_conv_supported, decode_conv, packed_decode_conv, plain_step_conv
+    from vllm_luce.patches.cpu_gdn_spec import DecodeConv, PackedDecodeConv, cpp_conv_supported, plain_step_conv
 
     if conv == "cpp" and not cpp_conv_supported():
         pytest.skip("vLLM uses its C++ conv only on CPUs with bf16 dot products")
@@ -86,8 +86,8 @@ def test_plain_steps_through_a_plain_decode_conv_match_the_general_roll(conv):
     x = torch.randn(n, dim, generator=g).bfloat16()
     fast, general = base.clone(), base.float()
     slots_i32 = slots.to(torch.int32)
-    convolve = (decode_conv(G.causal_conv1d_update_cpu, weight, bias, "silu", slots_i32) if conv == "torch" else
-                packed_decode_conv(G._causal_conv1d_update_cpu, weight, bias, True, slots_i32, width, packed=False))
+    convolve = (DecodeConv(G.causal_conv1d_update_cpu, weight, bias, "silu", slots_i32) if conv == "torch" else
+                PackedDecodeConv(G._causal_conv1d_update_cpu, weight, bias, True, slots_i32, width, packed=False))
     out = plain_step_conv(fast, slots, accepted, x, convolve)
     want = roll_conv_and_convolve(general, slots, accepted, torch.arange(n), torch.ones(n, dtype=torch.long),
                                   x.float(), weight.float(), bias.float(), silu=True)

@@ -82,14 +82,14 @@ def plain_step_conv(buffers: torch.Tensor, slots: torch.Tensor, accepted: torch.
     Rows whose last step accepted ``a > 1`` tokens keep their history at column ``a - 1``; they are
     moved to column 0 first (``realign``, from ``realignments``, when the caller has it). Then
     ``convolve(x, history)`` runs a plain decode's conv on the buffer's first ``width - 1``
-    columns, which it reads and rolls in place (``decode_conv`` / ``packed_decode_conv``)."""
+    columns, which it reads and rolls in place (``DecodeConv`` / ``PackedDecodeConv``)."""
     history = buffers[:, :, : convolve.width - 1]
     for slot, offset in realignments(slots, accepted) if realign is None else realign:
         history[slot] = buffers[slot, :, offset : offset + convolve.width - 1].clone()
     return convolve(x, history)
 
 
-class decode_conv:
+class DecodeConv:
     """vLLM's torch decode conv (``ops.cpu.causal_conv1d.causal_conv1d_update_cpu``) on plain weights.
     Profiled on CPU (trained Qwen3.6 pair, 4 requests): the batched torch roll cost 1.6 ms per step
     over 6 GDN layers, about 6x this."""
@@ -103,10 +103,10 @@ class decode_conv:
                        conv_state_indices=self.slots)
 
 
-class packed_decode_conv:
+class PackedDecodeConv:
     """The C++ decode conv a plain engine uses where the CPU has bf16 dot products (AVX512-BF16 or Arm
     bf16), on vLLM's packed weights. Profiled on CPU (16 requests): 0.2 ms per step over 6 layers,
-    against 0.75 ms for ``decode_conv``."""
+    against 0.75 ms for ``DecodeConv``."""
 
     def __init__(self, op, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool, slots_i32: torch.Tensor,
                  width: int, packed: bool = True):
@@ -122,7 +122,6 @@ class packed_decode_conv:
 class StepPlan:
     """What every Gated DeltaNet layer of one step reads from the step's metadata, computed once."""
 
-    n: int
     qsl: torch.Tensor
     lengths: torch.Tensor
     plain: bool  # one input per request
@@ -148,11 +147,12 @@ def step_plan(attn_metadata_i, full: int) -> StepPlan | None:
         slots = attn_metadata_i.spec_state_indices_tensor[:n, 0]
         accepted = attn_metadata_i.num_accepted_tokens[:n]
         plain = bool((lengths == 1).all())
-        plan = StepPlan(n=n, qsl=qsl, lengths=lengths, plain=plain, slots=slots, accepted=accepted,
+        plan = StepPlan(qsl=qsl, lengths=lengths, plain=plain, slots=slots, accepted=accepted,
                         realign=realignments(slots, accepted) if plain else [],
                         slots_i32=slots.to(torch.int32).contiguous(),
                         state_indices_i32=attn_metadata_i.spec_state_indices_tensor[:n].to(torch.int32).contiguous(),
-                        accepted_i32=accepted.to(torch.int32).contiguous(), cu_seqlens_i32=qsl.to(torch.int32).contiguous())
+                        accepted_i32=accepted.to(torch.int32).contiguous(),
+                        cu_seqlens_i32=qsl.to(torch.int32).contiguous())
     try:  # every layer of the step shares this metadata object
         attn_metadata_i._luce_plan = plan
     except AttributeError:
@@ -169,7 +169,7 @@ def cpp_conv_supported() -> bool:
 
 
 def plain_conv(layer, plan: StepPlan):
-    """The conv a plain engine's decode runs on this layer (see ``packed_decode_conv``)."""
+    """The conv a plain engine's decode runs on this layer (see ``PackedDecodeConv``)."""
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as G
 
     params = getattr(layer, "_luce_plain_conv", None)
@@ -177,10 +177,10 @@ def plain_conv(layer, plan: StepPlan):
         unpacked = G._unpacked_conv_weight(layer)
         if cpp_conv_supported():
             packed = getattr(layer.conv1d, "_cpu_unpacked_conv_weight", None) is not None  # vLLM packed it at load
-            params = (packed_decode_conv, G._causal_conv1d_update_cpu, layer.conv1d.weight if packed else unpacked,
+            params = (PackedDecodeConv, G._causal_conv1d_update_cpu, layer.conv1d.weight if packed else unpacked,
                       layer.conv1d.bias, layer.activation == "silu", unpacked.shape[-1], packed)
         else:
-            params = (decode_conv, G.causal_conv1d_update_cpu, unpacked, layer.conv1d.bias, layer.activation)
+            params = (DecodeConv, G.causal_conv1d_update_cpu, unpacked, layer.conv1d.bias, layer.activation)
         layer._luce_plain_conv = params
     kind, op, weight, bias, activation, *rest = params
     return kind(op, weight, bias, activation, plan.slots_i32, *rest)

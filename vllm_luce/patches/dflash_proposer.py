@@ -26,13 +26,16 @@ def deferred(proposer) -> DeferredContext:
     return held
 
 
+def write_context(proposer, features, positions, slots) -> None:
+    """The drafter's context pass: target features through fc and hidden_norm into each layer's K/V."""
+    proposer.model.precompute_and_store_context_kv(proposer.model.combine_hidden_states(features), positions, slots)
+
+
 def write_deferred(proposer) -> None:
     """The held context writes, in one pass, into the drafter's cache."""
     batch = deferred(proposer).take()
     if batch is not None:
-        features, positions, slots = batch
-        proposer.model.precompute_and_store_context_kv(proposer.model.combine_hidden_states(features), positions,
-                                                       slots)
+        write_context(proposer, *batch)
 
 
 def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
@@ -48,8 +51,7 @@ def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
     if held.fits(features):
         held.hold(features, positions, slots)
     else:  # larger than the store on its own (a long prompt chunk): write it now
-        proposer.model.precompute_and_store_context_kv(proposer.model.combine_hidden_states(features), positions,
-                                                       slots)
+        write_context(proposer, features, positions, slots)
 
 
 def _make_wrapper(original):
