@@ -32,9 +32,9 @@ def test_runs_the_faster_mode_after_calibrating(spec_rate, plain_rate, expect_sp
     modes = simulate(gate, 640, spec_rate, plain_rate)
     calibrated = modes[4 * config.run_length:]
     share = sum(m == expect_spec for m in calibrated) / len(calibrated)
-    # Only exploration runs go the other way: run_length steps per explore_every x (speed ratio).
-    ratio = max(spec_rate, plain_rate) / min(spec_rate, plain_rate)
-    interval = config.explore_every * min(config.max_explore_scale, ratio)
+    # Only exploration runs go the other way: run_length steps per budgeted interval.
+    interval = gate.regimes[SpecGate.regime_key(4, 2048)].explore_interval(config)
+    assert config.explore_every <= interval <= config.max_explore_every
     assert share >= 1 - config.run_length / interval - 0.02, share
     assert gate.regimes[SpecGate.regime_key(4, 2048)].winner() is expect_spec
 
@@ -109,6 +109,10 @@ def test_config_is_validated():
         GateConfig(run_length=1)
     with pytest.raises(ValueError, match="smoothing"):
         GateConfig(smoothing=0.0)
+    with pytest.raises(ValueError, match="explore_budget"):
+        GateConfig(explore_budget=0.0)
+    with pytest.raises(ValueError, match="max_explore_every"):
+        GateConfig(explore_every=128, max_explore_every=64)
 
 
 def test_calibration_alternates_even_when_steps_give_no_clean_sample():
@@ -129,8 +133,7 @@ def test_a_larger_batch_than_one_running_plain_starts_plain_then_calibrates():
     config = GateConfig()
     gate = SpecGate(config)
     simulate(gate, 200, 50.0, 100.0, batch=4)  # plain wins 2x at batch 4
-    interval = gate.regimes[SpecGate.regime_key(4, 2048)].explore_interval(config.explore_every,
-                                                                             config.max_explore_scale)
+    interval = gate.regimes[SpecGate.regime_key(4, 2048)].explore_interval(config)
     modes = simulate(gate, interval + 4 * config.run_length, 30.0, 100.0, batch=16)
     assert not any(modes[:interval]) and any(modes[interval:]), modes  # no spec step before the exploration
     assert gate.regimes[SpecGate.regime_key(16, 2048)].winner() is False
@@ -140,3 +143,25 @@ def test_a_larger_batch_than_one_running_plain_starts_plain_then_calibrates():
     assert simulate(fresh, 2 * config.run_length, 300.0, 100.0, batch=16)[:config.run_length] == [True] * config.run_length
     # A smaller batch never inherits from a larger one.
     assert gate.plain_prior(2, 2048) is None and gate.plain_prior(16, 40_000) is None
+
+
+@pytest.mark.parametrize("spec_rate, plain_rate", [(10.0, 100.0), (40.0, 100.0), (80.0, 100.0), (300.0, 100.0)])
+def test_exploration_loses_at_most_its_budget(spec_rate, plain_rate):
+    """Time spent against always running the winner, after calibration: within explore_budget (plus
+    the run in flight at the end), however decisive the gap. A speculative step commits 3 tokens per
+    request here, so where speculation loses by 10x one of its steps costs 30 plain ones."""
+    config = GateConfig()
+    gate = SpecGate(config)
+    simulate(gate, 8 * config.run_length, spec_rate, plain_rate)  # calibration
+    steps, batch = 12_000, 4
+    modes = simulate(gate, steps, spec_rate, plain_rate, batch=batch)
+    seconds = {True: batch * 3 / spec_rate, False: batch / plain_rate}  # per step of each mode
+    tokens = {True: batch * 3, False: batch}
+    spent = sum(seconds[m] for m in modes)
+    best = max(spec_rate, plain_rate)
+    ideal = sum(tokens[m] for m in modes) / best
+    loss = spent / ideal - 1
+    interval = gate.regimes[SpecGate.regime_key(batch, 2048)].explore_interval(config)
+    assert loss <= config.explore_budget * 1.1 + config.run_length * max(seconds.values()) / ideal, (loss, interval)
+    if plain_rate >= 2 * spec_rate:  # a losing speculative step is costly: explored rarely
+        assert interval > 4 * config.explore_every, interval

@@ -14,7 +14,7 @@ import functools
 import torch
 
 from vllm_luce.patches import ledger_signature, wrap_method
-from vllm_luce.spec_decode.deferred_context import DeferredContext, context_slots
+from vllm_luce.spec_decode.deferred_context import DeferredContext
 
 TARGET = "vllm.v1.spec_decode.dflash:DFlashProposer.propose"
 
@@ -43,8 +43,9 @@ def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
     n = cad.num_actual_tokens
     positions = (target_positions[0] if target_positions.dim() == 2 else target_positions)[:n]
     features = target_hidden_states[:n]
-    slots = context_slots(cad.block_table_tensor, cad.query_start_loc[: cad.num_reqs + 1], positions,
-                          proposer.block_size)
+    # The drafter's layers share this metadata's KV cache group: a context token's drafter slot is its
+    # slot in the target's slot mapping (vLLM's DFlash input kernel computes the same from the block table).
+    slots = cad.slot_mapping[:n].long()
     held = deferred(proposer)
     if not held.fits(features):
         write_deferred(proposer)

@@ -19,17 +19,6 @@ import torch
 DEFAULT_MAX_BYTES = 64 << 20  # feature bytes held at most, on the device
 
 
-def context_slots(block_table: torch.Tensor, query_start_loc: torch.Tensor, positions: torch.Tensor,
-                  block_size: int) -> torch.Tensor:
-    """Cache slot of each context token: its request's block for ``position // block_size``, at
-    ``position % block_size`` (what vLLM's DFlash input kernel writes for the context)."""
-    counts = (query_start_loc[1:] - query_start_loc[:-1]).long()
-    rows = torch.repeat_interleave(torch.arange(counts.numel(), device=positions.device), counts,
-                                   output_size=positions.numel())
-    blocks = torch.clamp(positions // block_size, max=block_table.shape[1] - 1)
-    return block_table[rows, blocks].long() * block_size + positions % block_size
-
-
 def last_writes(slots: torch.Tensor) -> torch.Tensor:
     """Indices into ``slots`` of the last write to each distinct slot."""
     unique, inverse = torch.unique(slots, return_inverse=True)

@@ -3,17 +3,22 @@
 Speculation pays when it commits more tokens per second than plain decoding. Which one does
 depends on batch size, context length, the drafter, the text and the hardware, so the gate does
 not guess: it measures both. Per regime (batch size and context length bucketed to powers of
-two) it keeps a smoothed rate of committed tokens per second for speculative steps and for
-plain steps, runs whichever is faster, and still runs the other one every ``explore_every``
-steps so a stale estimate cannot lock a regime into the wrong mode. The more decisive the
-measured gap, the rarer the exploration: the interval is ``explore_every`` times the winner's
-speed ratio (capped at ``max_explore_scale``), so a mode that wins by 4x is re-checked every
-4 x 64 steps, and two close modes are compared often. A regime without samples
-of both modes alternates until it has ``min_samples`` of each, except a larger batch than one that
-already runs plain at its context: it starts plain and calibrates at its first exploration
-(``plain_prior``). A decision holds for
-``run_length`` steps: drafts made in one step are verified in the next, so the first step of a
-run is a transition (the binding reports it as neither mode) and the rest are clean samples.
+two) it keeps a smoothed rate of committed tokens per second for speculative steps and for plain
+steps, runs whichever is faster, and still runs the other one now and then so a stale estimate
+cannot lock a regime into the wrong mode.
+
+Exploring costs time, so a budget sets its interval. A run of the losing mode costs ``run_length``
+of its steps at the losing rate; the interval is the number of winning steps over which that loss
+stays within ``explore_budget`` of the time, at least ``explore_every`` and at most
+``max_explore_every`` steps. Two close modes are compared every ``explore_every`` steps. A mode that
+loses by 10x at a large batch, where one of its steps costs twenty of the other's, is re-checked
+about once in 2,700 steps.
+
+A regime without samples of both modes alternates until it has ``min_samples`` of each, except a
+larger batch than one that already runs plain at its context: it starts plain and calibrates at its
+first exploration (``plain_prior``). A decision holds for ``run_length`` steps: drafts made in one
+step are verified in the next, so the first step of a run is a transition (the binding reports it
+as neither mode) and the rest are clean samples.
 
 Per request it keeps the smoothed number of accepted draft tokens per verify step. Verifying a
 request's drafts costs its share of the extra step time, ``t_spec / t_plain - 1`` committed-token
@@ -31,8 +36,9 @@ from dataclasses import dataclass, field
 
 @dataclass(frozen=True)
 class GateConfig:
-    explore_every: int = 64  # steps between runs of the mode currently losing, per regime
-    max_explore_scale: float = 8.0  # cap on how far a decisive gap stretches the interval
+    explore_every: int = 64  # fewest steps between runs of the mode currently losing, per regime
+    max_explore_every: int = 4096  # most steps between them (a regime is re-checked at least this often)
+    explore_budget: float = 0.02  # share of time exploration may lose against always running the winner
     run_length: int = 3  # steps a decision holds (the first is a transition)
     min_samples: int = 2  # measured steps of each mode before a regime decides
     smoothing: float = 0.25  # weight of a new sample in the moving averages
@@ -40,12 +46,14 @@ class GateConfig:
     retry_after: int = 64  # steps a stopped request waits before drafting again
 
     def __post_init__(self):
-        if self.run_length < 2 or self.explore_every <= self.run_length or min(
+        if self.run_length < 2 or not self.run_length < self.explore_every <= self.max_explore_every or min(
                 self.min_samples, self.patience, self.retry_after) < 1:
-            raise ValueError(f"GateConfig needs run_length >= 2, explore_every > run_length and the counts >= 1, "
-                             f"got {self}")
+            raise ValueError(f"GateConfig needs run_length >= 2, run_length < explore_every <= max_explore_every "
+                             f"and the counts >= 1, got {self}")
         if not 0.0 < self.smoothing <= 1.0:
             raise ValueError(f"GateConfig.smoothing must be in (0, 1], got {self.smoothing}")
+        if not 0.0 < self.explore_budget < 1.0:
+            raise ValueError(f"GateConfig.explore_budget must be in (0, 1), got {self.explore_budget}")
 
 
 def bucket(n: int) -> int:
@@ -79,9 +87,18 @@ class Regime:
             return None
         return self.spec_rate.value >= self.plain_rate.value
 
-    def explore_interval(self, base: int, cap: float) -> int:
-        hi, lo = sorted((self.spec_rate.value, self.plain_rate.value), reverse=True)
-        return int(base * min(cap, max(1.0, hi / lo if lo > 0 else cap)))
+    def explore_interval(self, config: "GateConfig") -> int:
+        """Winning steps between two runs of the losing mode, so that those runs lose at most
+        ``explore_budget`` of the time. A run of L losing steps takes L * t_lose seconds and commits
+        what the winner commits in a share rate_lose / rate_win of that; the loss is
+        L * t_lose * (1 - rate_lose / rate_win), spread over N winning steps of t_win each."""
+        spec_wins = self.spec_rate.value >= self.plain_rate.value
+        win_rate, lose_rate = ((self.spec_rate, self.plain_rate) if spec_wins else (self.plain_rate, self.spec_rate))
+        win_s, lose_s = ((self.spec_step_s, self.plain_step_s) if spec_wins else (self.plain_step_s, self.spec_step_s))
+        if win_rate.value <= 0 or win_s.value <= 0:
+            return config.explore_every
+        loss = config.run_length * (lose_s.value / win_s.value) * (1.0 - lose_rate.value / win_rate.value)
+        return int(min(config.max_explore_every, max(config.explore_every, loss / config.explore_budget)))
 
     def break_even(self) -> float | None:
         """Accepted tokens per verify step at which a request's drafts pay for their verification."""
@@ -139,8 +156,7 @@ class SpecGate:
                 choice = r.runs[True] <= r.runs[False]
         else:
             choice = bool(r.winner())
-            if r.steps - r.last_explore >= r.explore_interval(self.config.explore_every,
-                                                              self.config.max_explore_scale):
+            if r.steps - r.last_explore >= r.explore_interval(self.config):
                 r.last_explore = r.steps
                 choice = not choice
                 self.explorations += 1
@@ -159,7 +175,7 @@ class SpecGate:
         if not smaller:
             return None
         _, r = max(smaller, key=lambda item: item[0])
-        return r.explore_interval(self.config.explore_every, self.config.max_explore_scale)
+        return r.explore_interval(self.config)
 
     def observe(self, *, speculative: bool, batch_size: int, context_tokens: int, committed_tokens: int,
                 seconds: float) -> None:

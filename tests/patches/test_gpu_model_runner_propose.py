@@ -1,0 +1,58 @@
+"""The V1 runner's plain-step shortcut: K = 0 holds the step's context without vLLM's proposer input
+preparation; every other step, and any runner that reads the prepared inputs, keeps vLLM's path.
+(End to end, tests/e2e/test_dflash_gate.py compares drafts with the context held and written each step.)"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("vllm.v1.spec_decode.dflash")
+
+
+def make_runner(*, k_next=0, padded=True, async_spec=False):
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    drafter = DFlashProposer.__new__(DFlashProposer)  # only the attributes the shortcut touches
+    drafter.max_num_tokens, drafter.block_size, drafter.supports_mm_inputs = 64, 16, False
+    drafter.num_speculative_tokens = 15
+    runner = SimpleNamespace(
+        drafter=drafter, speculative_config=SimpleNamespace(disable_padded_drafter_batch=not padded),
+        valid_sampled_token_count_event=None, use_async_spec_decode=async_spec, supports_mm_inputs=False,
+        use_aux_hidden_state_outputs=True, get_model=lambda: SimpleNamespace(),
+        positions=torch.arange(100, 110), _draft_probs="stale", _draft_prob_req_ids="stale")
+    runner._get_positions = lambda n: runner.positions[:n]
+    scheduler_output = SimpleNamespace(num_spec_tokens_to_schedule=k_next, total_num_scheduled_tokens=7)
+    return runner, scheduler_output
+
+
+def run(runner, scheduler_output):
+    from vllm_luce.patches.gpu_model_runner_propose import _make_wrapper
+
+    calls = []
+    wrapped = _make_wrapper(lambda *args: calls.append(args) or "vllm's drafts")
+    aux = [torch.randn(10, 4), torch.randn(10, 4)]
+    cad = SimpleNamespace(num_actual_tokens=7, slot_mapping=torch.arange(200, 210), batch_size=lambda: 3)
+    out = wrapped(runner, scheduler_output, None, None, torch.randn(10, 4), None, aux, None, cad, None)
+    return out, calls, aux
+
+
+def test_a_plain_step_holds_every_scheduled_tokens_context_and_drafts_nothing():
+    from vllm_luce.patches.dflash_proposer import deferred
+
+    runner, scheduler_output = make_runner()
+    out, calls, aux = run(runner, scheduler_output)
+    assert calls == [] and out.shape == (3, 0) and runner.drafter.num_speculative_tokens == 0
+    assert runner._draft_probs is None and runner._draft_prob_req_ids is None
+    features, positions, slots = deferred(runner.drafter).take()
+    assert torch.equal(features, torch.cat([a[:7] for a in aux], dim=-1))
+    assert positions.tolist() == list(range(100, 107)) and slots.tolist() == list(range(200, 207))
+
+
+@pytest.mark.parametrize("change", [dict(k_next=15), dict(padded=False), dict(async_spec=True)])
+def test_drafting_steps_and_runners_that_read_the_prepared_inputs_keep_vllms_path(change):
+    from vllm_luce.patches.dflash_proposer import deferred
+
+    runner, scheduler_output = make_runner(**change)
+    out, calls, _ = run(runner, scheduler_output)
+    assert out == "vllm's drafts" and len(calls) == 1 and len(deferred(runner.drafter)) == 0
