@@ -12,7 +12,7 @@ pytestmark = pytest.mark.e2e
 PROMPTS = ["def fibonacci(n):\n    ", "import json\n\nclass Encoder", "The quick brown fox", "x = [1, 2,"]
 FAMILIES = ["qwen3_6", "gemma4", "laguna"]
 # Switch every few steps: calibration runs of both modes, then an exploration every 3 steps.
-SWITCHING = GateConfig(run_length=2, explore_every=3, min_samples=1, patience=1, retry_after=3)
+SWITCHING = GateConfig(run_length=2, explore_every=3, max_explore_every=3, min_samples=1, patience=1, retry_after=3)
 
 
 def build(model, drafter=None, max_len=512):

@@ -52,6 +52,8 @@ class DFlashGateMixin:
         self._luce_labels = {"model_name": metrics.model_name(self.vllm_config)}
         self._luce_reported_at = 0.0
         self._luce_rates_at = 0.0
+        self._luce_verify_tally = [0, 0, 0]  # verify steps, verified and accepted drafts since the last report
+        self._luce_accepted_counts: dict[int, int] = {}  # accepted drafts -> verify steps, since the last report
         logger.info("%s: DFlash gate on (up to %d draft tokens per step)", tag(), self.luce_max_spec_tokens)
 
     def luce_mean_context(self) -> int:
@@ -110,18 +112,33 @@ class DFlashGateMixin:
             logger.info("%s: %s", tag(), self.luce_gate.summary())
 
     def _luce_count_verify(self, verified: int, accepted: int) -> None:
-        labels = self._luce_labels
-        metrics.inc("dflash_drafts", **labels)
+        """Tallied here, published with the report: per-request metric writes cost 3 ms a step at batch 64
+        with 15 drafts each (one write per accepted position)."""
+        tally = self._luce_verify_tally
+        tally[0] += 1
+        tally[1] += verified
+        tally[2] += accepted
+        self._luce_accepted_counts[accepted] = self._luce_accepted_counts.get(accepted, 0) + 1
+
+    def _luce_publish_verify(self) -> None:
+        labels, (drafts, verified, accepted) = self._luce_labels, self._luce_verify_tally
+        if not drafts:
+            return
+        metrics.inc("dflash_drafts", drafts, **labels)
         metrics.inc("dflash_verified_tokens", verified, **labels)
         metrics.inc("dflash_accepted_tokens", accepted, **labels)
-        for position in range(accepted):
-            metrics.inc("dflash_accepted_tokens_per_pos", position=position, **labels)
+        counts = self._luce_accepted_counts
+        for position in range(max(counts)):  # drafts accepted at a position: the steps that accepted more
+            metrics.inc("dflash_accepted_tokens_per_pos", sum(n for a, n in counts.items() if a > position),
+                        position=position, **labels)
+        self._luce_verify_tally, self._luce_accepted_counts = [0, 0, 0], {}
 
     def _luce_report(self) -> None:
         """Gate state into ``vllm:luce_dflash_*`` (per-regime rates at most once a second). Profiled on
         CPU, reporting every step cost 0.09 ms of a 5 ms step."""
         gate, labels = self.luce_gate, self._luce_labels
         self._luce_reported_at = time.monotonic()
+        self._luce_publish_verify()
         for mode, steps in gate.decisions.items():
             metrics.set_total("dflash_gate_steps", steps, mode=mode, **labels)
         metrics.set_total("dflash_gate_explorations", gate.explorations, **labels)
