@@ -55,6 +55,14 @@ def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
         write_context(proposer, features, positions, slots)
 
 
+def plain_step(proposer, target_positions, target_hidden_states, cad) -> torch.Tensor:
+    """A step that drafts nothing: its context is held and no drafts are returned."""
+    proposer.num_speculative_tokens = 0
+    proposer._last_draft_probs = None
+    hold_context(proposer, target_positions, target_hidden_states, cad)
+    return torch.empty(cad.batch_size(), 0, device=target_hidden_states.device, dtype=torch.int64)
+
+
 def _make_wrapper(original):
     @functools.wraps(original)
     def propose(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
@@ -65,10 +73,7 @@ def _make_wrapper(original):
             return original(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                             next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                             mm_embed_inputs, num_rejected_tokens_gpu, slot_mappings)
-        self.num_speculative_tokens = 0
-        self._last_draft_probs = None
-        hold_context(self, target_positions, target_hidden_states, common_attn_metadata)
-        return torch.empty(common_attn_metadata.batch_size(), 0, device=next_token_ids.device, dtype=torch.int64)
+        return plain_step(self, target_positions, target_hidden_states, common_attn_metadata)
 
     return propose
 

@@ -20,7 +20,7 @@ import functools
 import torch
 
 from vllm_luce.patches import ledger_signature, wrap_method
-from vllm_luce.patches.dflash_proposer import hold_context
+from vllm_luce.patches.dflash_proposer import plain_step
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids"
 
@@ -50,11 +50,7 @@ def _make_wrapper(original):
         n = scheduler_output.total_num_scheduled_tokens
         features = (torch.cat([h[:n] for h in aux_hidden_states], dim=-1) if self.use_aux_hidden_state_outputs
                     else hidden_states[:n])
-        drafter = self.drafter
-        drafter.num_speculative_tokens = 0
-        drafter._last_draft_probs = None
-        hold_context(drafter, self._get_positions(n), features, common_attn_metadata)
-        return torch.empty(common_attn_metadata.batch_size(), 0, device=hidden_states.device, dtype=torch.int64)
+        return plain_step(self.drafter, self._get_positions(n), features, common_attn_metadata)
 
     return propose_draft_token_ids
 
