@@ -9,7 +9,7 @@ from vllm_luce.spec_decode import scheduler as S
 def test_verify_tallies_publish_the_per_position_acceptance_once(monkeypatch):
     written = []
     monkeypatch.setattr(S.metrics, "inc", lambda name, value=1.0, **labels: written.append((name, value, labels)))
-    fake = SimpleNamespace(_luce_labels={"model_name": "m"}, _luce_verify_tally=[0, 0, 0], _luce_accepted_counts={})
+    fake = SimpleNamespace(_luce_labels={"model_name": "m"}, _luce_verified=0, _luce_accepted_counts={})
     for verified, accepted in ((15, 3), (15, 0), (7, 7), (15, 3)):
         S.DFlashGateMixin._luce_count_verify(fake, verified, accepted)
     assert written == []  # nothing per step
