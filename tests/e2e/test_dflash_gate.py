@@ -82,6 +82,12 @@ def test_trained_pair_unchanged_with_the_default_gate_and_released_state(trained
         assert [len(o.outputs[0].token_ids) for o in outs] == [32] * 8
         assert sched.luce_gate.decisions["spec"] > 0 and sched.luce_gate.decisions["plain"] > 0
         assert sched.luce_gate.requests == {}
+        # Greedy requests batched with sampled ones keep their output (vLLM's CPU rejection sampler
+        # divided every row's logits by garbage temperatures in such batches: patches/cpu_expand_kernel.py).
+        mixed = [SamplingParams(max_tokens=64, temperature=0.0, ignore_eos=True)] * len(PROMPTS) + params[:4]
+        outs = llm.generate(PROMPTS * 2, mixed, use_tqdm=False)
+        got = [list(o.outputs[0].token_ids) for o in outs[:len(PROMPTS)]]
+        assert assert_same_until_near_tie(expected, margins, got) >= len(PROMPTS) - 1
     finally:
         del llm
 

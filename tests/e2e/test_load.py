@@ -7,10 +7,10 @@ requests where the features are lossless (short prompts: the KVFlash pool covers
 them alone) equal the reference, up to bf16 near-ties; host memory grows at most 5% after warm-up;
 `/metrics` shows each feature at work and, once idle, no KVFlash pager or host page held.
 
-With DFlash on, vLLM 0.32's CPU backend itself breaks greedy equality under this load: it produces
-corrupted tokens on hybrid (Gated DeltaNet) targets when concurrent long prompts are prefilled while
-other requests verify drafts. This happens with vllm-luce not loaded at all (``VLLM_PLUGINS=none``, plain
-``--speculative-config``). The strict xfail below records it and fails the day it is fixed.
+DFlash is lossless too, so the all-features server is held to the same bound. vllm-luce patches vLLM
+0.32's CPU expand kernel, which corrupted every mixed greedy and sampled batch's verification (0 of 150
+greedy requests equal before, 143 after: patches/cpu_expand_kernel.py). A residual remains with the gate:
+the first token after a prompt's prefill differs in about 5% of greedy requests; a strict xfail marks it.
 """
 
 from __future__ import annotations
@@ -46,9 +46,7 @@ def test_every_stream_completes(runs, name):
     results = runs[name]["results"]
     assert len(results) == REQUESTS
     assert [r.error for r in results if r.error] == []
-    assert all(1 <= r.completion_tokens <= L.MAX_TOKENS[r.item.kind] for r in results)
-    if name != "all":  # with DFlash, vLLM's corrupted tokens (below) may include an early end of text
-        assert all(r.completion_tokens == L.MAX_TOKENS[r.item.kind] for r in results)
+    assert all(r.completion_tokens == L.MAX_TOKENS[r.item.kind] for r in results)
     assert "Traceback" not in runs[name]["log"]
 
 
@@ -58,23 +56,21 @@ def test_host_memory_growth_after_warmup_is_at_most_5_percent(runs, name):
     assert rss["end"] <= 1.05 * rss["after_warmup"], rss
 
 
-def test_kvflash_and_pflash_keep_greedy_outputs_where_lossless(runs):
-    """Measured 2026-11-21: 149 of 150 identical or first differing at a near-tie; one (request 10)
-    first differs at token 20 where the reference's top-2 gap is 4.4 nats. vLLM alone gives the same
-    tokens under KVFlash's 320-token step budget (``scripts/repro_step_budget_divergence.py``), so at
-    most 1% is allowed here, printed, and explained in docs/operations.md."""
-    cmp = L.compare_greedy(runs["kvflash+pflash"]["results"], runs["off"]["results"])
-    print("KVFlash + PFlash vs off:", {k: v for k, v in cmp.items() if k != "mismatches"}, cmp["mismatches"])
+RESIDUAL = pytest.mark.xfail(strict=True, reason="with the DFlash gate, the first token after a prompt's prefill "
+                             "still differs in about 5% of greedy requests (docs/operations.md)")
+
+
+@pytest.mark.parametrize("name", ["kvflash+pflash", pytest.param("all", marks=RESIDUAL)])
+def test_greedy_outputs_are_kept_where_the_features_are_lossless(runs, name):
+    """Measured 2026-11-21 (KVFlash + PFlash): 149 of 150 identical or first differing at a near-tie; one
+    (request 10) first differs at token 20 where the reference's top-2 gap is 4.4 nats. vLLM alone gives
+    the same tokens under KVFlash's 320-token step budget (``scripts/repro_step_budget_divergence.py``), so
+    at most 1% is allowed here, printed, and explained in docs/operations.md. DFlash adds no allowance."""
+    cmp = L.compare_greedy(runs[name]["results"], runs["off"]["results"])
+    print(f"{name} vs off:", {k: v for k, v in cmp.items() if k != "mismatches"}, cmp["mismatches"])
     assert cmp["greedy_compared"] >= 100
     assert len(cmp["mismatches"]) <= 0.01 * cmp["greedy_compared"], cmp["mismatches"]
     assert cmp["identical"] >= 0.9 * cmp["greedy_compared"], cmp
-
-
-@pytest.mark.xfail(strict=True, reason="vLLM 0.32 CPU: speculative verification on hybrid GDN targets corrupts "
-                                       "tokens under concurrent chunked prefill, without vllm-luce too")
-def test_dflash_keeps_greedy_outputs_under_load(runs):
-    cmp = L.compare_greedy(runs["all"]["results"], runs["off"]["results"])
-    assert cmp["mismatches"] == [], f"{len(cmp['mismatches'])} mismatches, first: {cmp['mismatches'][:1]}"
 
 
 def test_metrics_show_every_feature_at_work_and_nothing_held_when_idle(runs):

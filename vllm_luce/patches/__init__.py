@@ -165,6 +165,21 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "Any other call goes to vLLM's op unchanged.",
         remove_when="vLLM's CPU rms_norm kernel supports grouped (2-D) weights.",
     ),
+    LedgerEntry(
+        target="vllm.utils.cpu_triton_utils:_expand_kernel_impl",
+        signature="(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None)",
+        module="vllm_luce.patches.cpu_expand_kernel",
+        why="vLLM's CPU stand-in for the rejection sampler's expand kernel writes into an int64 copy of its "
+            "float32 output and never copies it back, so in any batch that is not all greedy the target "
+            "logits are divided by uninitialised \"temperatures\". Every request's drafts, greedy ones "
+            "included, are then verified against corrupted logits: with the trained pair, 0 of 32 outputs of "
+            "a half-greedy, half-sampled batch equalled decoding without speculation (without vllm-luce too).",
+        how="On CPU only, wraps _expand_kernel_impl before the platform registers it as the kernel's "
+            "override (each worker loads plugins first): a non-int64 output is filled in PyTorch "
+            "(repeat_interleave of the per-request values, with the replacement). An int64 output with "
+            "int64 values goes to vLLM's kernel unchanged.",
+        remove_when="vLLM's CPU expand kernel writes results back to non-int64 outputs.",
+    ),
 )
 
 
@@ -352,12 +367,12 @@ def apply_pflash_patches() -> None:
 
 
 def apply_patches() -> None:
-    from vllm_luce.patches import (cpu_gdn_spec, cpu_rms_norm, dflash_proposer, engine_args, gpu_model_runner,
-                                   gpu_model_runner_kv_cache, gpu_model_runner_propose, gpu_v2_model_runner_kv_cache,
-                                   rejection_sampler, vllm_config)
+    from vllm_luce.patches import (cpu_expand_kernel, cpu_gdn_spec, cpu_rms_norm, dflash_proposer, engine_args,
+                                   gpu_model_runner, gpu_model_runner_kv_cache, gpu_model_runner_propose,
+                                   gpu_v2_model_runner_kv_cache, rejection_sampler, vllm_config)
 
     vllm_config.apply()
     engine_args.apply()
-    for module in (cpu_gdn_spec, cpu_rms_norm, gpu_model_runner, gpu_model_runner_kv_cache,
+    for module in (cpu_expand_kernel, cpu_gdn_spec, cpu_rms_norm, gpu_model_runner, gpu_model_runner_kv_cache,
                    gpu_v2_model_runner_kv_cache, dflash_proposer, gpu_model_runner_propose, rejection_sampler):
         when_imported(module.TARGET.split(":")[0], module.apply)
