@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import load_test as L
+from tests.e2e.test_load import assert_every_stream_completes
 
 pytestmark = pytest.mark.e2e
 
@@ -36,11 +37,7 @@ def runs(tmp_path_factory):
 
 @pytest.mark.parametrize("name", ["off", "all"])
 def test_every_stream_completes(runs, name):
-    results = runs[name]["results"]
-    assert len(results) == REQUESTS
-    assert [r.error for r in results if r.error] == []
-    assert all(r.completion_tokens == L.MAX_TOKENS[r.item.kind] for r in results)
-    assert "Traceback" not in runs[name]["log"]
+    assert_every_stream_completes(runs[name], REQUESTS)
 
 
 def test_greedy_outputs_are_kept_where_the_features_are_lossless(runs):

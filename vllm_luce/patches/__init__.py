@@ -172,8 +172,9 @@ LEDGER: tuple[LedgerEntry, ...] = (
         why="vLLM's CPU stand-in for the rejection sampler's expand kernel writes into an int64 copy of its "
             "float32 output and never copies it back, so in any batch that is not all greedy the target "
             "logits are divided by uninitialised \"temperatures\". Every request's drafts, greedy ones "
-            "included, are then verified against corrupted logits: with the trained pair, 0 of 32 outputs of "
-            "a half-greedy, half-sampled batch equalled decoding without speculation (without vllm-luce too).",
+            "included, are then verified against corrupted logits: with the trained pair, none of the 16 greedy "
+            "outputs of a half-greedy, half-sampled batch equalled decoding without speculation (without "
+            "vllm-luce too).",
         how="On CPU only, wraps _expand_kernel_impl before the platform registers it as the kernel's "
             "override (each worker loads plugins first): a non-int64 output is filled in PyTorch "
             "(repeat_interleave of the per-request values, with the replacement). An int64 output with "

@@ -76,15 +76,13 @@ class DeferredContext:
             return None
         features, positions, slots = (torch.cat(x) for x in (self._features, self._positions, self._slots))
         self.clear()
-        keep = in_live_blocks(slots, block_table, block_size)
-        if not bool(keep.all()):
-            features, positions, slots = features[keep], positions[keep], slots[keep]
-        if slots.numel() == 0:
+        rows = in_live_blocks(slots, block_table, block_size).nonzero().flatten()
+        rows = rows[last_writes(slots[rows])]
+        if rows.numel() == 0:
             return None
-        keep = last_writes(slots)
-        if keep.numel() != slots.numel():
-            features, positions, slots = features[keep], positions[keep], slots[keep]
-        return features, positions, slots
+        if rows.numel() == slots.numel():  # every write live and to a distinct slot (their order is free)
+            return features, positions, slots
+        return features[rows], positions[rows], slots[rows]
 
     def clear(self) -> None:
         self._features, self._positions, self._slots = [], [], []
