@@ -141,6 +141,20 @@ LEDGER: tuple[LedgerEntry, ...] = (
         remove_when="V1's runner skips proposer input preparation on steps that draft nothing.",
     ),
     LedgerEntry(
+        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs",
+        signature="(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: numpy.ndarray) -> "
+                  "tuple[torch.Tensor, vllm.v1.spec_decode.metadata.SpecDecodeMetadata | None, int]",
+        module="vllm_luce.patches.gpu_model_runner_inputs",
+        why="V1's runner builds speculative metadata and samples through the rejection sampler on every step "
+            "of a speculating engine, including the DFlash gate's plain steps, which verify and draft nothing.",
+        how="Wraps _prepare_inputs: on a step with no draft to verify, K = 0 and the plain-step proposer path "
+            "(gpu_model_runner_propose), it runs vLLM's own code with the speculative config hidden, so the "
+            "step gets one logit per request, no speculative metadata and the plain sampler; the Gated DeltaNet "
+            "draft counts are then set as vLLM sets them for a step without drafts. Every other step runs "
+            "vLLM's code.",
+        remove_when="V1's model runner takes its plain input path on steps without drafts.",
+    ),
+    LedgerEntry(
         target="vllm.v1.sample.rejection_sampler:RejectionSampler.forward",
         signature="(self, metadata: 'SpecDecodeMetadata', draft_probs: 'torch.Tensor | None', logits: "
                   "'torch.Tensor', sampling_metadata: 'SamplingMetadata') -> 'SamplerOutput'",
@@ -369,11 +383,13 @@ def apply_pflash_patches() -> None:
 
 def apply_patches() -> None:
     from vllm_luce.patches import (cpu_expand_kernel, cpu_gdn_spec, cpu_rms_norm, dflash_proposer, engine_args,
-                                   gpu_model_runner, gpu_model_runner_kv_cache, gpu_model_runner_propose,
-                                   gpu_v2_model_runner_kv_cache, rejection_sampler, vllm_config)
+                                   gpu_model_runner, gpu_model_runner_inputs, gpu_model_runner_kv_cache,
+                                   gpu_model_runner_propose, gpu_v2_model_runner_kv_cache, rejection_sampler,
+                                   vllm_config)
 
     vllm_config.apply()
     engine_args.apply()
     for module in (cpu_expand_kernel, cpu_gdn_spec, cpu_rms_norm, gpu_model_runner, gpu_model_runner_kv_cache,
-                   gpu_v2_model_runner_kv_cache, dflash_proposer, gpu_model_runner_propose, rejection_sampler):
+                   gpu_v2_model_runner_kv_cache, dflash_proposer, gpu_model_runner_propose, gpu_model_runner_inputs,
+                   rejection_sampler):
         when_imported(module.TARGET.split(":")[0], module.apply)

@@ -1,0 +1,82 @@
+"""The V1 runner's plain input path for draft-free steps: vLLM's own ``_prepare_inputs`` with the
+speculative config hidden, then the Gated DeltaNet draft counts vLLM sets for a step without drafts.
+(End to end, tests/e2e/test_dflash_gate.py checks greedy output while the gate switches modes.)"""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+pytest.importorskip("vllm.v1.spec_decode.dflash")
+
+from vllm_luce.patches import gpu_model_runner_inputs as P  # noqa: E402
+
+
+class Counts:
+    def __init__(self, n):
+        self.np = np.full(n, 7, dtype=np.int32)  # stale values of an earlier step
+        self.copies = 0
+
+    def copy_to_gpu(self):
+        self.copies += 1
+
+
+def make(*, drafts=None, mode="none", plain=True):
+    spec = SimpleNamespace(name="dflash")
+    runner = SimpleNamespace(
+        speculative_config=spec, cache_config=SimpleNamespace(mamba_cache_mode=mode),
+        num_decode_draft_tokens=Counts(6),
+        input_batch=SimpleNamespace(num_reqs=4, num_computed_tokens_cpu=np.array([30, 12, 9, 40]),
+                                    num_prompt_tokens=np.array([20, 12, 10, 40])))
+    so = SimpleNamespace(scheduled_spec_decode_tokens=drafts or {}, num_spec_tokens_to_schedule=0)
+    return runner, so, spec, plain
+
+
+def run(runner, so, plain, monkeypatch, fail=False):
+    monkeypatch.setattr(P, "holds_plain_step", lambda r, s: plain)
+    seen = []
+
+    def original(self, scheduler_output, num_scheduled_tokens):
+        seen.append(self.speculative_config)
+        if fail:
+            raise RuntimeError("boom")
+        return "inputs"
+
+    out = P._make_wrapper(original)(runner, so, np.array([1, 5, 1, 1]))
+    return out, seen
+
+
+def test_draft_counts_follow_vllms_rule_for_a_step_without_drafts():
+    counts = P.zero_draft_decode_counts(np.array([30, 12, 9, 40, 3]), np.array([20, 12, 10, 40, 8]),
+                                        np.array([1, 5, 1, 1, 5]))
+    # decode rows 0; a prompt chunk, even one token long (row 2), -1
+    assert counts.tolist() == [0, -1, -1, 0, -1] and counts.dtype == np.int32
+
+
+def test_a_draft_free_step_runs_vllms_code_without_the_speculative_config(monkeypatch):
+    runner, so, spec, plain = make()
+    out, seen = run(runner, so, plain, monkeypatch)
+    assert out == "inputs" and seen == [None] and runner.speculative_config is spec
+    assert runner.num_decode_draft_tokens.np.tolist() == [0, -1, -1, 0, -1, -1]
+    assert runner.num_decode_draft_tokens.copies == 1
+
+
+def test_the_speculative_config_comes_back_when_vllms_code_raises(monkeypatch):
+    runner, so, spec, plain = make()
+    with pytest.raises(RuntimeError, match="boom"):
+        run(runner, so, plain, monkeypatch, fail=True)
+    assert runner.speculative_config is spec
+
+
+@pytest.mark.parametrize("change", [dict(drafts={"r": [5, 6]}), dict(mode="align"), dict(plain=False)])
+def test_steps_with_drafts_or_other_paths_keep_vllms_code(monkeypatch, change):
+    runner, so, spec, plain = make(**change)
+    out, seen = run(runner, so, plain, monkeypatch)
+    assert out == "inputs" and seen == [spec]
+    assert runner.num_decode_draft_tokens.np.tolist() == [7] * 6 and runner.num_decode_draft_tokens.copies == 0
+
+
+def test_empty_draft_lists_count_as_draft_free(monkeypatch):
+    runner, so, spec, plain = make(drafts={"r": []})
+    _, seen = run(runner, so, plain, monkeypatch)
+    assert seen == [None]

@@ -1,0 +1,66 @@
+"""Patch: a step that verifies no draft and drafts none takes V1's plain input path (see LEDGER).
+
+V1's runner builds speculative metadata on every step of a speculating engine
+(``_calc_spec_decode_metadata``) and then samples through the rejection sampler, drafts or not. On the
+DFlash gate's plain steps there is nothing to verify, so the step's inputs are what an engine without
+speculation builds: one logit per request, no speculative metadata, vLLM's plain sampler. Only the
+hybrid targets' Gated DeltaNet layers still need the speculative path (it applies each request's
+accepted-token offset to its recurrent state), so their per-row draft counts are set as vLLM sets them
+for a step without drafts.
+
+The proposer then runs with no speculative metadata, which ``gpu_model_runner_propose`` serves (it
+holds the step's context and drafts nothing); this path is taken only where that one is.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from vllm_luce.patches import ledger_signature, wrap_method
+from vllm_luce.patches.gpu_model_runner_propose import holds_plain_step
+
+TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs"
+
+
+def draft_free_step(runner, scheduler_output) -> bool:
+    """Nothing to verify, nothing to draft, and the proposer holds the context itself."""
+    return (runner.speculative_config is not None
+            and not any(scheduler_output.scheduled_spec_decode_tokens.values())
+            and runner.cache_config.mamba_cache_mode != "align"
+            and holds_plain_step(runner, scheduler_output))
+
+
+def zero_draft_decode_counts(num_computed: np.ndarray, num_prompt: np.ndarray,
+                             num_scheduled: np.ndarray) -> np.ndarray:
+    """vLLM's per-row draft counts for a step without drafts: 0 for a decode row (one token, past its
+    prompt), -1 for a prompt chunk."""
+    return np.where((num_computed >= num_prompt) & (num_scheduled == 1), 0, -1).astype(np.int32)
+
+
+def _make_wrapper(original):
+    @functools.wraps(original)
+    def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+        if not draft_free_step(self, scheduler_output):
+            return original(self, scheduler_output, num_scheduled_tokens)
+        spec, self.speculative_config = self.speculative_config, None
+        try:
+            out = original(self, scheduler_output, num_scheduled_tokens)
+        finally:
+            self.speculative_config = spec
+        n = self.input_batch.num_reqs
+        counts = self.num_decode_draft_tokens
+        counts.np[:n] = zero_draft_decode_counts(self.input_batch.num_computed_tokens_cpu[:n],
+                                                 self.input_batch.num_prompt_tokens[:n], num_scheduled_tokens[:n])
+        counts.np[n:].fill(-1)
+        counts.copy_to_gpu()
+        return out
+
+    return _prepare_inputs
+
+
+def apply() -> bool:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return wrap_method(GPUModelRunner, "_prepare_inputs", ledger_signature(TARGET), _make_wrapper)
