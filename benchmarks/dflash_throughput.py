@@ -7,11 +7,13 @@ Pairs:
   is always right or always wrong (``tests/fixtures/predictable.py``);
 * ``trained``: the trained Qwen3.6-architecture pair (``tests/assets/trained``) on held-out code.
 
-For each pair and concurrency (requests submitted together), three engines in one run: no
-speculation, DFlash with every draft verified (``fixed``: the gate off), and DFlash under
-vllm-luce's gate (``gated``). Each measured pass follows a warm-up pass at the same concurrency
-(the gate calibrates there). Throughput is generated tokens / wall seconds of the measured pass.
-Goals (issue 4): gated >= 0.95x none everywhere; gated >= 0.9x fixed where fixed beats none.
+For each pair, three engines live in one process: no speculation, DFlash with every draft verified
+(``fixed``: the gate off), and DFlash under vllm-luce's gate (``gated``). At each concurrency
+(requests submitted together) every engine runs a warm-up pass (the gate calibrates there), then
+the engines take turns for ``--repeats`` measured passes each, so a drift of the machine's speed
+reaches all three alike. Throughput is generated tokens / wall seconds; a cell is the median of its
+passes (all of them are in the JSON). Goals (issue 4): gated >= 0.95x none everywhere; gated >= 0.9x
+fixed where fixed beats none.
 
 Every engine gets the same KV budget, ``--kv-cache-gib`` (4 GiB, set here even when the environment
 sets another). A speculating engine on a hybrid target holds 1 + num_speculative_tokens Gated
@@ -26,6 +28,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -103,6 +106,7 @@ def main(argv=None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     ap.add_argument("--pairs", nargs="+", default=["right", "wrong", "trained"])
     ap.add_argument("--tokens", type=int, default=96, help="generated tokens per request (measured pass)")
+    ap.add_argument("--repeats", type=int, default=3, help="measured passes per engine and concurrency (median)")
     ap.add_argument("--kv-cache-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE of every engine")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
@@ -112,21 +116,28 @@ def main(argv=None) -> int:
     results = []
     for pair in args.pairs:
         target, drafter, method = available[pair]
-        for mode in MODES:
-            llm = build(target, drafter, method, mode, max(args.concurrency))
-            for c in args.concurrency:
-                prompts = prompts_for(pair, llm, c)
+        engines = {mode: build(target, drafter, method, mode, max(args.concurrency)) for mode in MODES}
+        for c in args.concurrency:
+            prompts = prompts_for(pair, engines["none"], c)
+            for llm in engines.values():
                 run_pass(llm, prompts, args.tokens // 2)  # warm-up (and gate calibration)
-                wall, generated, peak = run_measured(llm, prompts, args.tokens)
-                row = {"pair": pair, "mode": mode, "concurrency": c, "tokens": generated, "wall_s": round(wall, 3),
-                       "tok_per_s": round(generated / wall, 1), "peak_running": peak}
+            passes = {mode: [] for mode in MODES}
+            for _ in range(args.repeats):
+                for mode, llm in engines.items():
+                    passes[mode].append(run_measured(llm, prompts, args.tokens))
+            for mode, llm in engines.items():
+                rates = [generated / wall for wall, generated, _ in passes[mode]]
+                row = {"pair": pair, "mode": mode, "concurrency": c, "tokens": passes[mode][0][1],
+                       "tok_per_s": round(statistics.median(rates), 1),
+                       "tok_per_s_passes": [round(r, 1) for r in rates],
+                       "peak_running": min(peak for _, _, peak in passes[mode])}
                 sched = llm.llm_engine.engine_core.engine_core.scheduler
                 if hasattr(sched, "luce_gate"):
                     row["gate"] = dict(sched.luce_gate.decisions)
                 results.append(row)
                 print(json.dumps(row), flush=True)
-            del llm
-            gc.collect()
+        del engines
+        gc.collect()
     table = summarize(results)
     print(table)
     if args.json:
