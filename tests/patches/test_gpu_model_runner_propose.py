@@ -56,3 +56,15 @@ def test_drafting_steps_and_runners_that_read_the_prepared_inputs_keep_vllms_pat
     runner, scheduler_output = make_runner(**change)
     out, calls, _ = run(runner, scheduler_output)
     assert out == "vllm's drafts" and len(calls) == 1 and len(deferred(runner.drafter)) == 0
+
+
+def test_the_runners_fixed_conditions_are_worked_out_once_and_k_is_read_every_step():
+    from vllm_luce.patches.gpu_model_runner_propose import holds_plain_step
+
+    runner, scheduler_output = make_runner()
+    models = []
+    runner.get_model = lambda: models.append(1) or SimpleNamespace()
+    assert holds_plain_step(runner, scheduler_output) and holds_plain_step(runner, scheduler_output)
+    scheduler_output.num_spec_tokens_to_schedule = 15
+    assert not holds_plain_step(runner, scheduler_output)
+    assert len(models) == 1

@@ -27,14 +27,23 @@ TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids
 
 def holds_plain_step(runner, scheduler_output) -> bool:
     """This step drafts nothing and nothing downstream reads the proposer's prepared inputs."""
-    from vllm.v1.spec_decode.dflash import DFlashProposer
+    return scheduler_output.num_spec_tokens_to_schedule == 0 and runner_holds_plain_steps(runner)
 
-    spec = runner.speculative_config
-    return (scheduler_output.num_spec_tokens_to_schedule == 0 and isinstance(runner.drafter, DFlashProposer)
-            and not spec.disable_padded_drafter_batch and runner.valid_sampled_token_count_event is None
-            and not runner.use_async_spec_decode
+
+def runner_holds_plain_steps(runner) -> bool:
+    """A DFlash drafter, a padded drafter batch, no asynchronous speculative decoding, no multimodal drafter
+    inputs, no MTP target. All are fixed once the runner has its model, so this is worked out on the first
+    step and kept on the runner (every step asks it, twice with ``gpu_model_runner_inputs``)."""
+    held = getattr(runner, "_luce_holds_plain_steps", None)
+    if held is None:
+        from vllm.v1.spec_decode.dflash import DFlashProposer
+
+        held = runner._luce_holds_plain_steps = (
+            isinstance(runner.drafter, DFlashProposer) and not runner.speculative_config.disable_padded_drafter_batch
+            and runner.valid_sampled_token_count_event is None and not runner.use_async_spec_decode
             and not (runner.supports_mm_inputs and runner.drafter.supports_mm_inputs)
             and getattr(runner.get_model(), "get_mtp_target_hidden_states", None) is None)
+    return held
 
 
 def _make_wrapper(original):
