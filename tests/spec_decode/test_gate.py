@@ -165,3 +165,27 @@ def test_exploration_loses_at_most_its_budget(spec_rate, plain_rate):
     assert loss <= config.explore_budget * 1.1 + config.run_length * max(seconds.values()) / ideal, (loss, interval)
     if plain_rate >= 2 * spec_rate:  # a losing speculative step is costly: explored rarely
         assert interval > 4 * config.explore_every, interval
+
+
+def test_a_slow_period_on_the_winner_alone_does_not_flip_the_decision():
+    """The machine slows down 2x while plain decoding runs (other work, clocks): the winner's own
+    samples fall, the loser's last ones were taken at full speed. Compared back to back, speculation is
+    still 13% slower, so the gate keeps decoding plain, apart from at most one exploration run."""
+    config = GateConfig()
+    gate = SpecGate(config)
+    simulate(gate, 400, 87.0, 100.0, batch=1)
+    slowed = simulate(gate, config.explore_every, 87.0 / 2, 100.0 / 2, batch=1)
+    assert sum(slowed) <= config.run_length, slowed
+    assert gate.regimes[SpecGate.regime_key(1, 2048)].winner() is False
+
+
+def test_back_to_back_pairs_set_the_winner_once_they_exist():
+    gate = SpecGate(GateConfig(run_length=2, pair_samples=2))
+    regime = gate.regime(1, 100)
+    for spec, rate in ((True, 90.0), (True, 90.0), (False, 100.0), (False, 100.0)):
+        gate.observe(speculative=spec, batch_size=1, context_tokens=100, committed_tokens=1, seconds=1 / rate)
+    assert regime.advantage.samples == 1 and regime.speedup() == pytest.approx(0.9)
+    # A plain run sampled much later (a slow period) moves the averages, not the pairs' verdict.
+    for _ in range(6):
+        gate.observe(speculative=False, batch_size=1, context_tokens=100, committed_tokens=1, seconds=1 / 40.0)
+    assert regime.plain_rate.value < regime.spec_rate.value and regime.winner() is False

@@ -3,6 +3,8 @@
 
 from types import SimpleNamespace
 
+from pytest import approx
+
 from vllm_luce.spec_decode import scheduler as S
 
 
@@ -23,3 +25,23 @@ def test_verify_tallies_publish_the_per_position_acceptance_once(monkeypatch):
     written.clear()
     S.DFlashGateMixin._luce_publish_verify(fake)  # the tally was reset
     assert written == []
+
+
+def test_report_publishes_each_regimes_rates_and_back_to_back_speedup(monkeypatch):
+    from vllm_luce.spec_decode.gate import GateConfig, SpecGate
+
+    gauges = {}
+    monkeypatch.setattr(S.metrics, "set_gauge", lambda name, value, **labels: gauges.update(
+        {(name, labels.get("mode"), labels.get("batch_le")): value}))
+    monkeypatch.setattr(S.metrics, "remove_gauges", lambda name: [gauges.pop(k) for k in list(gauges) if k[0] == name])
+    monkeypatch.setattr(S.metrics, "set_total", lambda *a, **k: None)
+    gate = SpecGate(GateConfig(run_length=2, pair_samples=2))
+    for spec, rate in ((True, 120.0), (True, 120.0), (False, 100.0), (False, 100.0)):
+        gate.observe(speculative=spec, batch_size=4, context_tokens=100, committed_tokens=4, seconds=4 / rate)
+    fake = SimpleNamespace(luce_gate=gate, _luce_labels={"model_name": "m"}, _luce_verified=0, _luce_accepted_counts={},
+                           _luce_reported_at=0.0, _luce_rates_at=0.0)
+    fake._luce_publish_verify = lambda: None
+    S.DFlashGateMixin._luce_report(fake)
+    assert gauges[("dflash_gate_speedup", None, 4)] == approx(1.2)
+    assert gauges[("dflash_gate_rate_tokens_per_second", "spec", 4)] == approx(120.0)
+    assert gauges[("dflash_gate_rate_tokens_per_second", "plain", 4)] == approx(100.0)

@@ -15,6 +15,10 @@ CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
         "gauge", ("mode", "batch_le", "context_le_k"),
         "The gate's smoothed committed tokens per second per regime (batch size and context in K tokens, "
         "bucketed to powers of two) and mode."),
+    "dflash_gate_speedup": (
+        "gauge", ("batch_le", "context_le_k"),
+        "The gate's verdict per regime: speculative over plain committed-token rate, from runs of the two modes "
+        "measured back to back (speculation runs where it is at least 1)."),
     "dflash_requests_not_drafting": ("gauge", (), "Running requests whose drafting the gate stopped for low acceptance."),
     "dflash_drafts": ("counter", (), "Request verify steps (a request's drafts checked by the target once)."),
     "dflash_verified_tokens": ("counter", (), "Draft tokens sent to verification (mean verify width = this / drafts)."),

@@ -20,6 +20,14 @@ first exploration (``plain_prior``). A decision holds for ``run_length`` steps: 
 step are verified in the next, so the first step of a run is a transition (the binding reports it
 as neither mode) and the rest are clean samples.
 
+Which mode wins is judged from runs of the two modes measured back to back in a regime: the last
+clean samples before a switch against the first ones after it. Machine speed drifts (other work,
+clocks, cache and memory pressure) for seconds at a time, and a moving average per mode compares the
+loser's samples, taken in one exploration, with the winner's, taken since: a slow period that falls on
+the winner alone makes it look like the loser. A back-to-back pair sees both modes at one speed, so
+the gate keeps a smoothed log ratio of those pairs (``Regime.advantage``) and uses the per-mode
+averages only until the first pair, and for step costs.
+
 Per request it keeps the smoothed number of accepted draft tokens per verify step. Verifying a
 request's drafts costs its share of the extra step time, ``t_spec / t_plain - 1`` committed-token
 equivalents (both times measured by the same regime), so a request whose acceptance stays below
@@ -31,7 +39,9 @@ Both modes are lossless: a decision changes speed, never output.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
 
 
 @dataclass(frozen=True)
@@ -44,10 +54,11 @@ class GateConfig:
     smoothing: float = 0.25  # weight of a new sample in the moving averages
     patience: int = 4  # verify steps below break-even before a request stops drafting
     retry_after: int = 64  # steps a stopped request waits before drafting again
+    pair_samples: int = 8  # clean samples of each run end compared across a switch of mode
 
     def __post_init__(self):
         if self.run_length < 2 or not self.run_length < self.explore_every <= self.max_explore_every or min(
-                self.min_samples, self.patience, self.retry_after) < 1:
+                self.min_samples, self.patience, self.retry_after, self.pair_samples) < 1:
             raise ValueError(f"GateConfig needs run_length >= 2, run_length < explore_every <= max_explore_every "
                              f"and the counts >= 1, got {self}")
         if not 0.0 < self.smoothing <= 1.0:
@@ -72,32 +83,85 @@ class Average:
 
 
 @dataclass
+class Run:
+    """Consecutive clean samples of one mode in one regime (committed tokens / second): its first and
+    last ``pair_samples`` are kept, the ends that border the other mode's runs."""
+
+    speculative: bool
+    rates: list = field(default_factory=list)
+    last_seq: int = 0  # the gate's sample count at its latest sample
+    compared: bool = False  # with the run before it
+
+
+@dataclass
 class Regime:
     spec_rate: Average = field(default_factory=Average)  # committed tokens / second
     plain_rate: Average = field(default_factory=Average)
     spec_step_s: Average = field(default_factory=Average)  # seconds per step
     plain_step_s: Average = field(default_factory=Average)
+    advantage: Average = field(default_factory=Average)  # log(spec rate / plain rate), back-to-back runs
     steps: int = 0
     last_explore: int = 0
     runs: dict = field(default_factory=lambda: {True: 0, False: 0})  # runs started, by mode
+    run: Run | None = None  # the run being sampled
+    previous: Run | None = None  # the run of the other mode just before it
+
+    def speedup(self) -> float | None:
+        """Speculative over plain committed-token rate: from back-to-back runs once a pair exists, before
+        that from the two averages; None before both modes are measured."""
+        if not (self.spec_rate.samples and self.plain_rate.samples):
+            return None
+        if self.advantage.samples:
+            return math.exp(self.advantage.value)
+        return self.spec_rate.value / self.plain_rate.value if self.plain_rate.value > 0 else math.inf
 
     def winner(self) -> bool | None:
         """True if speculation is faster, False if plain is, None before both are measured."""
-        if not (self.spec_rate.samples and self.plain_rate.samples):
-            return None
-        return self.spec_rate.value >= self.plain_rate.value
+        speedup = self.speedup()
+        return None if speedup is None else speedup >= 1.0
+
+    def track(self, speculative: bool, rate: float, seq: int, config: "GateConfig") -> None:
+        """A clean sample joins its run. A run that follows the other mode's within ``run_length`` samples
+        is compared with it once it has ``pair_samples`` samples, or when it ends with fewer (an
+        exploration's run has ``run_length - 1``): its first samples against the other's last."""
+        k, run = config.pair_samples, self.run
+        if run is None or run.speculative != speculative or seq - run.last_seq > config.run_length:
+            if run is not None:
+                self._compare(run, k, config.smoothing)
+            adjacent = run is not None and run.speculative != speculative and seq - run.last_seq <= config.run_length
+            self.previous = run if adjacent else None
+            run = self.run = Run(speculative)
+        run.rates.append(rate)
+        run.last_seq = seq
+        if len(run.rates) > 2 * k:
+            del run.rates[k]  # a long run keeps its two ends
+        if len(run.rates) == k:
+            self._compare(run, k, config.smoothing)
+
+    def _compare(self, run: Run, k: int, weight: float) -> None:
+        before = self.previous
+        if before is None or run.compared or not run.rates:
+            return
+        run.compared = True
+        after, ahead = run.rates[:k], before.rates[-k:]
+        after_rate, before_rate = sum(after) / len(after), sum(ahead) / len(ahead)
+        spec, plain = (after_rate, before_rate) if run.speculative else (before_rate, after_rate)
+        self.advantage.add(math.log(spec / plain), weight)
 
     def explore_interval(self, config: "GateConfig") -> int:
         """Winning steps between two runs of the losing mode, so that those runs lose at most
         ``explore_budget`` of the time. A run of L losing steps takes L * t_lose seconds and commits
         what the winner commits in a share rate_lose / rate_win of that; the loss is
         L * t_lose * (1 - rate_lose / rate_win), spread over N winning steps of t_win each."""
-        spec_wins = self.spec_rate.value >= self.plain_rate.value
-        win_rate, lose_rate = ((self.spec_rate, self.plain_rate) if spec_wins else (self.plain_rate, self.spec_rate))
-        win_s, lose_s = ((self.spec_step_s, self.plain_step_s) if spec_wins else (self.plain_step_s, self.spec_step_s))
-        if win_rate.value <= 0 or win_s.value <= 0:
+        speedup = self.speedup()
+        if speedup is None:
             return config.explore_every
-        loss = config.run_length * (lose_s.value / win_s.value) * (1.0 - lose_rate.value / win_rate.value)
+        spec_wins = speedup >= 1.0
+        win_s, lose_s = ((self.spec_step_s, self.plain_step_s) if spec_wins else (self.plain_step_s, self.spec_step_s))
+        if win_s.value <= 0 or speedup <= 0:
+            return config.explore_every
+        rate_ratio = 1.0 / speedup if spec_wins else speedup  # loser's rate over the winner's
+        loss = config.run_length * (lose_s.value / win_s.value) * (1.0 - rate_ratio)
         return int(min(config.max_explore_every, max(config.explore_every, loss / config.explore_budget)))
 
     def break_even(self) -> float | None:
@@ -124,6 +188,7 @@ class SpecGate:
         self.explorations = 0
         self._mode = True
         self._hold = 0
+        self._samples = 0  # clean samples observed, all regimes: the clock of back-to-back pairs
 
     @staticmethod
     def regime_key(batch_size: int, context_tokens: int) -> tuple[int, int]:
@@ -187,6 +252,8 @@ class SpecGate:
         rate, step_s = (r.spec_rate, r.spec_step_s) if speculative else (r.plain_rate, r.plain_step_s)
         rate.add(committed_tokens / seconds, w)
         step_s.add(seconds / batch_size, w)  # per request, so regimes of one bucket compare
+        self._samples += 1
+        r.track(speculative, committed_tokens / seconds, self._samples, self.config)
 
     # ------------------------------------------------------------------ per request
 
@@ -228,8 +295,9 @@ class SpecGate:
         for (b, c), r in sorted(self.regimes.items()):
             w = r.winner()
             mode = "calibrating" if w is None else ("spec" if w else "plain")
+            paired = f", back to back x{math.exp(r.advantage.value):.2f}" if r.advantage.samples else ""
             parts.append(f"batch<={b} ctx<={c}K: spec {r.spec_rate.value:.1f} tok/s vs plain "
-                         f"{r.plain_rate.value:.1f} tok/s -> {mode}")
+                         f"{r.plain_rate.value:.1f} tok/s{paired} -> {mode}")
         return (f"gate: {self.decisions['spec']} spec / {self.decisions['plain']} plain steps, "
                 f"{self.explorations} explorations, {self.stopped_requests()} requests not drafting; "
                 + ("; ".join(parts) or "no regimes yet"))

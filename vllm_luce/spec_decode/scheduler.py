@@ -144,11 +144,15 @@ class DFlashGateMixin:
             return
         self._luce_rates_at = time.monotonic()
         metrics.remove_gauges("dflash_gate_rate_tokens_per_second")
+        metrics.remove_gauges("dflash_gate_speedup")
         for (b, c), r in sorted(gate.regimes.items()):
             for mode, rate in (("spec", r.spec_rate), ("plain", r.plain_rate)):
                 if rate.samples:
                     metrics.set_gauge("dflash_gate_rate_tokens_per_second", rate.value, mode=mode, batch_le=b,
                                       context_le_k=c, **labels)
+            speedup = r.speedup()
+            if speedup is not None:
+                metrics.set_gauge("dflash_gate_speedup", speedup, batch_le=b, context_le_k=c, **labels)
 
     def _luce_release_finished(self) -> None:
         gate = self.luce_gate
