@@ -25,14 +25,14 @@ def make(*, drafts=None, mode="none", plain=True):
     spec = SimpleNamespace(name="dflash")
     runner = SimpleNamespace(
         speculative_config=spec, cache_config=SimpleNamespace(mamba_cache_mode=mode),
-        num_decode_draft_tokens=Counts(6),
+        num_decode_draft_tokens=Counts(6), num_accepted_tokens=SimpleNamespace(np=np.ones(6, dtype=np.int32)),
         input_batch=SimpleNamespace(num_reqs=4, num_computed_tokens_cpu=np.array([30, 12, 9, 40]),
                                     num_prompt_tokens=np.array([20, 12, 10, 40])))
     so = SimpleNamespace(scheduled_spec_decode_tokens=drafts or {}, num_spec_tokens_to_schedule=0)
     return runner, so, spec, plain
 
 
-def run(runner, so, plain, monkeypatch, fail=False):
+def run(runner, so, plain, monkeypatch, fail=False, scheduled=(1, 5, 1, 1)):
     monkeypatch.setattr(P, "holds_plain_step", lambda r, s: plain)
     seen = []
 
@@ -42,7 +42,7 @@ def run(runner, so, plain, monkeypatch, fail=False):
             raise RuntimeError("boom")
         return "inputs"
 
-    out = P._make_wrapper(original)(runner, so, np.array([1, 5, 1, 1]))
+    out = P._make_wrapper(original)(runner, so, np.array(scheduled))
     return out, seen
 
 
@@ -80,3 +80,25 @@ def test_empty_draft_lists_count_as_draft_free(monkeypatch):
     runner, so, spec, plain = make(drafts={"r": []})
     _, seen = run(runner, so, plain, monkeypatch)
     assert seen == [None]
+
+
+@pytest.mark.parametrize("plain_decode, accepted, scheduled, computed, want", [
+    (True, [1, 1, 1], [1, 1, 1], [30, 12, 40], [-1, -1, -1]),  # all decoding, no offset: no speculative row
+    (True, [1, 3, 1], [1, 1, 1], [30, 12, 40], [0, 0, 0]),  # a row accepted drafts: its state sits at an offset
+    (True, [1, 1, 1], [1, 5, 1], [30, 12, 40], [0, -1, 0]),  # a prompt row: vLLM's rule
+    (False, [1, 1, 1], [1, 1, 1], [30, 12, 40], [0, 0, 0]),  # no plain decode on the non-speculative path
+])
+def test_gdn_counts_leave_the_speculative_path_only_where_no_row_needs_it(plain_decode, accepted, scheduled,
+                                                                           computed, want):
+    counts = P.gdn_draft_counts(np.array(computed), np.array([20, 12, 40]), np.array(scheduled), np.array(accepted),
+                                plain_decode)
+    assert counts.tolist() == want and counts.dtype == np.int32
+
+
+def test_an_all_decode_step_without_offsets_takes_the_plain_gdn_path_where_it_decodes_plainly(monkeypatch):
+    for active, want in ((True, [-1] * 6), (False, [0, 0, 0, 0, -1, -1])):
+        runner, so, spec, plain = make()
+        runner.input_batch.num_computed_tokens_cpu = np.array([30, 12, 10, 40])  # every row past its prompt
+        monkeypatch.setattr(P.cpu_gdn_nonspec, "ACTIVE", active)
+        run(runner, so, plain, monkeypatch, scheduled=(1, 1, 1, 1))
+        assert runner.num_decode_draft_tokens.np.tolist() == want

@@ -89,6 +89,25 @@ LEDGER: tuple[LedgerEntry, ...] = (
                     "(dynamic speculative decoding on hybrid models).",
     ),
     LedgerEntry(
+        target="vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:_spec_aware_nonspec",
+        signature="(layer, attn_metadata_i: 'GDNAttentionMetadata', mixed_qkv: 'torch.Tensor', b: 'torch.Tensor', "
+                  "a: 'torch.Tensor', core_attn_out: 'torch.Tensor', conv_buf: 'torch.Tensor', ssm_state: "
+                  "'torch.Tensor', width: 'int') -> 'None'",
+        module="vllm_luce.patches.cpu_gdn_nonspec",
+        why="The DFlash gate's plain steps should cost what a step without speculation costs. On hybrid targets "
+            "the Gated DeltaNet speculative path (and its metadata) cost a plain step about 0.3 ms more than a "
+            "plain engine's decode at batch 1 on CPU (cProfile). vLLM's non-speculative path in a speculating "
+            "engine decodes with its torch conv except on AMX or Arm bf16 CPUs, several times the C++ conv a "
+            "plain engine runs.",
+        how="On CPU only, wraps _spec_aware_nonspec: a step whose rows all decode (no prompt rows) runs the "
+            "plain engine's decode, the conv a plain engine runs on the buffer's first width - 1 columns and "
+            "vLLM's recurrent decode kernel. gpu_model_runner_inputs sends a draft-free step here only when "
+            "every row decodes and accepted one token last step (no state offset). Steps with prompt rows run "
+            "vLLM's code.",
+        remove_when="vLLM's CPU GDN decodes rows without drafts in a speculating engine with its C++ conv on "
+                    "every CPU that has it, or routes draft-free steps to the plain path itself.",
+    ),
+    LedgerEntry(
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids",
         signature="(self) -> vllm.v1.outputs.DraftTokenIds | None",
         module="vllm_luce.patches.gpu_model_runner",
@@ -382,14 +401,14 @@ def apply_pflash_patches() -> None:
 
 
 def apply_patches() -> None:
-    from vllm_luce.patches import (cpu_expand_kernel, cpu_gdn_spec, cpu_rms_norm, dflash_proposer, engine_args,
-                                   gpu_model_runner, gpu_model_runner_inputs, gpu_model_runner_kv_cache,
+    from vllm_luce.patches import (cpu_expand_kernel, cpu_gdn_nonspec, cpu_gdn_spec, cpu_rms_norm, dflash_proposer,
+                                   engine_args, gpu_model_runner, gpu_model_runner_inputs, gpu_model_runner_kv_cache,
                                    gpu_model_runner_propose, gpu_v2_model_runner_kv_cache, rejection_sampler,
                                    vllm_config)
 
     vllm_config.apply()
     engine_args.apply()
-    for module in (cpu_expand_kernel, cpu_gdn_spec, cpu_rms_norm, gpu_model_runner, gpu_model_runner_kv_cache,
-                   gpu_v2_model_runner_kv_cache, dflash_proposer, gpu_model_runner_propose, gpu_model_runner_inputs,
-                   rejection_sampler):
+    for module in (cpu_expand_kernel, cpu_gdn_spec, cpu_gdn_nonspec, cpu_rms_norm, gpu_model_runner,
+                   gpu_model_runner_kv_cache, gpu_v2_model_runner_kv_cache, dflash_proposer, gpu_model_runner_propose,
+                   gpu_model_runner_inputs, rejection_sampler):
         when_imported(module.TARGET.split(":")[0], module.apply)

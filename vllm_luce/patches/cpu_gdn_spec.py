@@ -168,8 +168,9 @@ def cpp_conv_supported() -> bool:
     return torch.cpu._is_avx512_bf16_supported() or G.is_arm_bf16()
 
 
-def plain_conv(layer, plan: StepPlan):
-    """The conv a plain engine's decode runs on this layer (see ``PackedDecodeConv``)."""
+def plain_conv(layer, slots_i32: torch.Tensor):
+    """The conv a plain engine's decode runs on this layer, for the requests in these state slots (see
+    ``PackedDecodeConv``)."""
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as G
 
     params = getattr(layer, "_luce_plain_conv", None)
@@ -183,7 +184,7 @@ def plain_conv(layer, plan: StepPlan):
             params = (DecodeConv, G.causal_conv1d_update_cpu, unpacked, layer.conv1d.bias, layer.activation)
         layer._luce_plain_conv = params
     kind, op, weight, bias, activation, *rest = params
-    return kind(op, weight, bias, activation, plan.slots_i32, *rest)
+    return kind(op, weight, bias, activation, slots_i32, *rest)
 
 
 def _make_wrapper(original):
@@ -197,7 +198,7 @@ def _make_wrapper(original):
             return original(layer, attn_metadata_i, mixed_qkv_spec, b_spec, a_spec, conv_buf, ssm_state,
                             width, state_len)
         if plan.plain:
-            conv_out = plain_step_conv(conv_buf, plan.slots, plan.accepted, mixed_qkv_spec, plain_conv(layer, plan),
+            conv_out = plain_step_conv(conv_buf, plan.slots, plan.accepted, mixed_qkv_spec, plain_conv(layer, plan.slots_i32),
                                        plan.realign)
         else:
             conv_out = roll_conv_and_convolve(conv_buf, plan.slots, plan.accepted, plan.qsl[:-1], plan.lengths,

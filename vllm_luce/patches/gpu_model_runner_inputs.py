@@ -6,7 +6,10 @@ DFlash gate's plain steps there is nothing to verify, so the step's inputs are w
 speculation builds: one logit per request, no speculative metadata, vLLM's plain sampler. Only the
 hybrid targets' Gated DeltaNet layers still need the speculative path (it applies each request's
 accepted-token offset to its recurrent state), so their per-row draft counts are set as vLLM sets them
-for a step without drafts.
+for a step without drafts. Where that path would apply no offset (every request is decoding and
+accepted one token last step) and ``cpu_gdn_nonspec`` serves it, the counts say "no speculative rows"
+instead, so the step builds the Gated DeltaNet metadata and runs the decode of an engine without
+speculation.
 
 The proposer then runs with no speculative metadata, which ``gpu_model_runner_propose`` serves (it
 holds the step's context and drafts nothing); this path is taken only where that one is.
@@ -18,7 +21,7 @@ import functools
 
 import numpy as np
 
-from vllm_luce.patches import ledger_signature, wrap_method
+from vllm_luce.patches import cpu_gdn_nonspec, ledger_signature, wrap_method
 from vllm_luce.patches.gpu_model_runner_propose import holds_plain_step
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs"
@@ -39,6 +42,17 @@ def zero_draft_decode_counts(num_computed: np.ndarray, num_prompt: np.ndarray,
     return np.where((num_computed >= num_prompt) & (num_scheduled == 1), 0, -1).astype(np.int32)
 
 
+def gdn_draft_counts(num_computed: np.ndarray, num_prompt: np.ndarray, num_scheduled: np.ndarray,
+                     num_accepted: np.ndarray, plain_decode: bool) -> np.ndarray:
+    """The per-row draft counts of a draft-free step. With ``plain_decode`` (the non-speculative Gated
+    DeltaNet path decodes like a plain engine), a step whose rows all decode with no accepted-token
+    offset (accepted 1) marks every row -1: no row needs the speculative path."""
+    counts = zero_draft_decode_counts(num_computed, num_prompt, num_scheduled)
+    if plain_decode and len(counts) and not counts.any() and (num_accepted == 1).all():
+        counts.fill(-1)
+    return counts
+
+
 def _make_wrapper(original):
     @functools.wraps(original)
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
@@ -51,8 +65,9 @@ def _make_wrapper(original):
             self.speculative_config = spec
         n = self.input_batch.num_reqs
         counts = self.num_decode_draft_tokens
-        counts.np[:n] = zero_draft_decode_counts(self.input_batch.num_computed_tokens_cpu[:n],
-                                                 self.input_batch.num_prompt_tokens[:n], num_scheduled_tokens[:n])
+        counts.np[:n] = gdn_draft_counts(self.input_batch.num_computed_tokens_cpu[:n],
+                                         self.input_batch.num_prompt_tokens[:n], num_scheduled_tokens[:n],
+                                         self.num_accepted_tokens.np[:n], cpu_gdn_nonspec.ACTIVE)
         counts.np[n:].fill(-1)
         counts.copy_to_gpu()
         return out
