@@ -45,3 +45,21 @@ def test_report_publishes_each_regimes_rates_and_back_to_back_speedup(monkeypatc
     assert gauges[("dflash_gate_speedup", None, 4)] == approx(1.2)
     assert gauges[("dflash_gate_rate_tokens_per_second", "spec", 4)] == approx(120.0)
     assert gauges[("dflash_gate_rate_tokens_per_second", "plain", 4)] == approx(100.0)
+
+
+def test_lookup_drafts_nothing_when_no_running_request_may_draft():
+    from vllm_luce.spec_decode.gate import GateConfig, SpecGate
+
+    gate = SpecGate(GateConfig(patience=1, retry_after=1000))
+    gate.observe(speculative=True, batch_size=2, context_tokens=0, committed_tokens=8, seconds=0.02)
+    gate.observe(speculative=False, batch_size=2, context_tokens=0, committed_tokens=2, seconds=0.01)
+    fake = SimpleNamespace(luce_gate=gate, running=[SimpleNamespace(request_id="a"), SimpleNamespace(request_id="b")],
+                           luce_mean_context=lambda: 0, luce_max_spec_tokens=15)
+    lookup = S.GatedLookup(fake)
+    assert lookup[2] == 15
+    for request in ("a", "b"):  # acceptance below break-even: both stop drafting
+        gate.observe_request(request, accepted=0, batch_size=2, context_tokens=0)
+    assert gate.stopped_requests() == 2
+    assert lookup[2] == 0
+    fake.running.append(SimpleNamespace(request_id="c"))  # a new request may draft
+    assert lookup[3] == 15

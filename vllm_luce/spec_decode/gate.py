@@ -8,11 +8,13 @@ steps, runs whichever is faster, and still runs the other one now and then so a 
 cannot lock a regime into the wrong mode.
 
 Exploring costs time, so a budget sets its interval. A run of the losing mode costs ``run_length``
-of its steps at the losing rate; the interval is the number of winning steps over which that loss
-stays within ``explore_budget`` of the time, at least ``explore_every`` and at most
-``max_explore_every`` steps. Two close modes are compared every ``explore_every`` steps. A mode that
-loses by 10x at a large batch, where one of its steps costs twenty of the other's, is re-checked
-about once in 2,700 steps.
+of its steps at the losing rate, and one more: the step after the run still does the loser's work
+(it verifies the run's last drafts), as does the run's first one (it writes the held drafter
+context). The interval is the number of winning steps over which that loss stays within
+``explore_budget`` of the time, at least ``explore_every`` and at most ``max_explore_every`` steps.
+Two close modes are compared every ``explore_every`` steps. A mode that loses by 10x at a large
+batch, where one of its steps costs twenty of the other's, is re-checked
+about once in 3,600 steps.
 
 A regime without samples of both modes alternates until it has ``min_samples`` of each, except a
 larger batch than one that already runs plain at its context: it starts plain and calibrates at its
@@ -41,7 +43,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
 
 
 @dataclass(frozen=True)
@@ -150,9 +151,11 @@ class Regime:
 
     def explore_interval(self, config: "GateConfig") -> int:
         """Winning steps between two runs of the losing mode, so that those runs lose at most
-        ``explore_budget`` of the time. A run of L losing steps takes L * t_lose seconds and commits
-        what the winner commits in a share rate_lose / rate_win of that; the loss is
-        L * t_lose * (1 - rate_lose / rate_win), spread over N winning steps of t_win each."""
+        ``explore_budget`` of the time. A run of L losing steps, with its transition counted as one more,
+        takes (L + 1) * t_lose seconds and commits what the winner commits in a share rate_lose / rate_win
+        of that; the loss is (L + 1) * t_lose * (1 - rate_lose / rate_win), spread over N winning steps of
+        t_win each. Measured on the trained pair at batch 1, an exploration cost about 7 plain steps, where
+        counting L steps alone put it at 2."""
         speedup = self.speedup()
         if speedup is None:
             return config.explore_every
@@ -161,7 +164,7 @@ class Regime:
         if win_s.value <= 0 or speedup <= 0:
             return config.explore_every
         rate_ratio = 1.0 / speedup if spec_wins else speedup  # loser's rate over the winner's
-        loss = config.run_length * (lose_s.value / win_s.value) * (1.0 - rate_ratio)
+        loss = (config.run_length + 1) * (lose_s.value / win_s.value) * (1.0 - rate_ratio)
         return int(min(config.max_explore_every, max(config.explore_every, loss / config.explore_budget)))
 
     def break_even(self) -> float | None:
@@ -186,8 +189,9 @@ class SpecGate:
         self.step = 0
         self.decisions = {"spec": 0, "plain": 0}
         self.explorations = 0
-        self._mode = True
+        self._mode = True  # the decision of the run in progress
         self._hold = 0
+        self._latest = True  # what the latest step ran
         self._samples = 0  # clean samples observed, all regimes: the clock of back-to-back pairs
 
     @staticmethod
@@ -199,14 +203,21 @@ class SpecGate:
 
     # ------------------------------------------------------------------ batch decision
 
-    def decide(self, batch_size: int, context_tokens: int) -> bool:
-        """Speculate on the next step of a batch of this size and mean context?"""
+    def decide(self, batch_size: int, context_tokens: int, drafting: bool = True) -> bool:
+        """Speculate on the next step of a batch of this size and mean context? ``drafting``: whether any
+        request of the batch may draft (``request_may_draft``). With none, a speculative step would draft
+        for nothing and verify nothing, so the step runs plain; the run resumes once one may draft."""
+        choice = self._choose(batch_size, context_tokens) and drafting
+        self.decisions["spec" if choice else "plain"] += 1
+        self._latest = choice
+        return choice
+
+    def _choose(self, batch_size: int, context_tokens: int) -> bool:
         self.step += 1
         r = self.regime(batch_size, context_tokens)
         r.steps += 1
         if self._hold > 0:
             self._hold -= 1
-            self.decisions["spec" if self._mode else "plain"] += 1
             return self._mode
         spec_n, plain_n = r.spec_rate.samples, r.plain_rate.samples
         if min(spec_n, plain_n) < self.config.min_samples:
@@ -227,7 +238,6 @@ class SpecGate:
                 self.explorations += 1
         r.runs[choice] += 1
         self._mode, self._hold = choice, self.config.run_length - 1
-        self.decisions["spec" if choice else "plain"] += 1
         return choice
 
     def plain_prior(self, batch_size: int, context_tokens: int) -> int | None:
@@ -284,8 +294,8 @@ class SpecGate:
 
     @property
     def speculating(self) -> bool:
-        """The latest batch decision."""
-        return self._mode
+        """Whether the latest step speculates."""
+        return self._latest
 
     def stopped_requests(self) -> int:
         return sum(1 for s in self.requests.values() if s.stopped_at is not None)

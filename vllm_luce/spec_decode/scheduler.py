@@ -34,7 +34,9 @@ class GatedLookup:
 
     def __getitem__(self, batch_size: int) -> int:
         s = self.scheduler
-        speculate = s.luce_gate.decide(batch_size, s.luce_mean_context())
+        gate = s.luce_gate
+        drafting = any(gate.request_may_draft(r.request_id) for r in s.running)
+        speculate = gate.decide(batch_size, s.luce_mean_context(), drafting)
         return s.luce_max_spec_tokens if speculate else 0
 
 
