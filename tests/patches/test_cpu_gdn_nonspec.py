@@ -63,7 +63,8 @@ def test_decode_matches_vllms_non_speculative_path():
         out_vllm = torch.full_like(out_ours, float("nan"))
         P.decode(layer, meta, x, b, a, out_ours, ours[0], ours[1], WIDTH)
         # vLLM's own path refuses a one-row strided column (it never decodes there); it gets a dense copy.
-        dense = SimpleNamespace(**{**vars(meta), "non_spec_state_indices_tensor": torch.tensor(slots, dtype=torch.int32)})
+        dense_slots = torch.tensor(slots, dtype=torch.int32)
+        dense = SimpleNamespace(**{**vars(meta), "non_spec_state_indices_tensor": dense_slots})
         original(layer, dense, x, b, a, out_vllm, vllms[0], vllms[1], WIDTH)
         assert torch.isfinite(out_ours.float()).all()
         # The two convs round their bf16 outputs differently (as a plain engine's C++ conv and vLLM's torch

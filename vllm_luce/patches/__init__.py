@@ -420,9 +420,9 @@ def apply_pflash_patches() -> None:
 
 def apply_patches() -> None:
     from vllm_luce.patches import (cpu_expand_kernel, cpu_gdn_nonspec, cpu_gdn_prefill_conv, cpu_gdn_spec,
-                                   cpu_rms_norm, dflash_proposer, engine_args, gpu_model_runner, gpu_model_runner_inputs,
-                                   gpu_model_runner_kv_cache, gpu_model_runner_propose, gpu_v2_model_runner_kv_cache,
-                                   rejection_sampler, vllm_config)
+                                   cpu_rms_norm, dflash_proposer, engine_args, gpu_model_runner,
+                                   gpu_model_runner_inputs, gpu_model_runner_kv_cache, gpu_model_runner_propose,
+                                   gpu_v2_model_runner_kv_cache, rejection_sampler, vllm_config)
 
     vllm_config.apply()
     engine_args.apply()

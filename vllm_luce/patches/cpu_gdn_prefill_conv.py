@@ -30,11 +30,12 @@ def _make_wrapper(original):
     @functools.wraps(original)
     def causal_conv1d_torch(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
                             has_initial_state=None, activation="silu", pad_slot_id=-1, **kwargs):
+        # vLLM's loop where the C++ op cannot serve the call: another layout than the transposed x vLLM
+        # passes, another activation or pad id, or a padded row (the op does not skip it: it writes before
+        # the buffer).
         if (kwargs or cache_indices is None or has_initial_state is None or activation not in ("silu", None)
                 or pad_slot_id != PAD_SLOT_ID or weight.dim() != 2 or x.dtype != conv_states.dtype
-                or x.stride(0) != 1 or not cpp_conv_supported()  # the C++ op's layout (transposed x), vLLM's pad
-                or bool((cache_indices < 0).any())):  # the C++ op does not skip padded rows: it writes before the buffer
-
+                or x.stride(0) != 1 or not cpp_conv_supported() or bool((cache_indices < 0).any())):
             return original(x, weight, bias, conv_states, query_start_loc, cache_indices, has_initial_state,
                             activation, pad_slot_id, **kwargs)
         return G._causal_conv1d_fwd_cpu(

@@ -198,8 +198,8 @@ def _make_wrapper(original):
             return original(layer, attn_metadata_i, mixed_qkv_spec, b_spec, a_spec, conv_buf, ssm_state,
                             width, state_len)
         if plan.plain:
-            conv_out = plain_step_conv(conv_buf, plan.slots, plan.accepted, mixed_qkv_spec, plain_conv(layer, plan.slots_i32),
-                                       plan.realign)
+            conv_out = plain_step_conv(conv_buf, plan.slots, plan.accepted, mixed_qkv_spec,
+                                       plain_conv(layer, plan.slots_i32), plan.realign)
         else:
             conv_out = roll_conv_and_convolve(conv_buf, plan.slots, plan.accepted, plan.qsl[:-1], plan.lengths,
                                               mixed_qkv_spec, G._unpacked_conv_weight(layer), layer.conv1d.bias,
