@@ -3,10 +3,11 @@
     python -m benchmarks.dflash_gate_sim
 
 Each simulated step of batch 1 takes 5 ms (plain) or ``spec_cost`` x 5 ms (speculative, committing
-2 tokens), times log-normal noise (sigma 0.15), a slow +-15% drift of the machine's speed and a 3%
-chance of a 2x hiccup. The gate sees only clean steps (not the first of a run), as the scheduler
-binding does. Efficiency is committed tokens per second against an oracle that always runs the
-faster mode on the same noise; 1.0 means exploring and misjudging cost nothing.
+``spec_tokens``, 2 unless stated), times log-normal noise (sigma 0.15), a slow +-15% drift of the machine's
+speed and a 3% chance of a 2x hiccup. In the last two cases the text changes halfway, and with it which
+mode wins. The gate sees only clean steps (not the first of a run), as the scheduler binding does.
+Efficiency is committed tokens per second against an oracle that always runs the faster mode on the
+same noise; 1.0 means exploring and misjudging cost nothing.
 """
 
 from __future__ import annotations
@@ -17,32 +18,42 @@ import random
 
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate
 
-CASES = {"spec 25% faster": 1.6, "spec 5% faster": 1.9, "spec 5% slower": 2.1, "spec 20% slower": 2.4,
-         "spec 30% slower": 2.6, "spec 2.5x slower": 5.0, "spec 10x slower": 20.0}
+# name: phases of equal length, each (spec_cost, spec_tokens)
+CASES = {"spec 25% faster": [(1.6, 2)], "spec 5% faster": [(1.9, 2)], "spec 5% slower": [(2.1, 2)],
+         "spec 20% slower": [(2.4, 2)], "spec 30% slower": [(2.6, 2)], "spec 2.5x slower": [(5.0, 2)],
+         "spec 10x slower": [(20.0, 2)], "spec turns 2x faster halfway": [(1.5, 1), (1.5, 3)],
+         "spec turns 2x slower halfway": [(1.5, 3), (1.5, 1)]}
+
+
+def phase(phases, t: int, steps: int) -> tuple[float, int]:
+    return phases[min(len(phases) - 1, t * len(phases) // steps)]
 
 
 class Oracle:
-    def __init__(self, spec_cost: float):
-        self.spec = spec_cost < 2.0
+    def __init__(self, phases, steps: int):
+        self.phases, self.steps, self.t = phases, steps, 0
 
     def decide(self, batch_size, context_tokens):
-        return self.spec
+        spec_cost, spec_tokens = phase(self.phases, self.t, self.steps)
+        self.t += 1
+        return spec_tokens / spec_cost > 1.0
 
     def observe(self, **step):
         pass
 
 
-def simulate(gate, spec_cost: float, steps: int, seed: int) -> tuple[float, float]:
+def simulate(gate, phases, steps: int, seed: int) -> tuple[float, float]:
     """(share of speculative steps, committed tokens per second)."""
     rnd = random.Random(seed)
     seconds = tokens = spec_steps = 0
     previous = None
     for t in range(steps):
         spec = gate.decide(1, 100)
+        spec_cost, spec_tokens = phase(phases, t, steps)
         step_s = 0.005 / (1 + 0.15 * math.sin(t / 150)) * (spec_cost if spec else 1.0) * math.exp(rnd.gauss(0, 0.15))
         if rnd.random() < 0.03:
             step_s *= 2.0
-        committed = 2 if spec else 1
+        committed = spec_tokens if spec else 1
         if spec == previous:
             gate.observe(speculative=spec, batch_size=1, context_tokens=100, committed_tokens=committed,
                          seconds=step_s)
@@ -58,10 +69,10 @@ def main(argv=None) -> int:
     ap.add_argument("--explore-budget", type=float, default=GateConfig.explore_budget)
     args = ap.parse_args(argv)
     print("| case | speculative share (min-max) | efficiency vs oracle (min / mean) |\n| --- | --- | --- |")
-    for name, spec_cost in CASES.items():
-        runs = [simulate(SpecGate(GateConfig(explore_budget=args.explore_budget)), spec_cost, args.steps, s)
+    for name, phases in CASES.items():
+        runs = [simulate(SpecGate(GateConfig(explore_budget=args.explore_budget)), phases, args.steps, s)
                 for s in range(args.seeds)]
-        ideal = [simulate(Oracle(spec_cost), spec_cost, args.steps, s)[1] for s in range(args.seeds)]
+        ideal = [simulate(Oracle(phases, args.steps), phases, args.steps, s)[1] for s in range(args.seeds)]
         share = [r[0] for r in runs]
         eff = [r[1] / i for r, i in zip(runs, ideal)]
         print(f"| {name} | {min(share):.3f}-{max(share):.3f} | {min(eff):.3f} / {sum(eff) / len(eff):.3f} |")

@@ -21,9 +21,9 @@ class Counts:
         self.copies += 1
 
 
-def make(*, drafts=None, mode="none", plain=True):
+def make(*, drafts=None, mode="none", plain=True, recurrent=True):
     spec = SimpleNamespace(name="dflash")
-    runner = SimpleNamespace(
+    runner = SimpleNamespace(_luce_reads_draft_counts=recurrent,
         speculative_config=spec, cache_config=SimpleNamespace(mamba_cache_mode=mode),
         num_decode_draft_tokens=Counts(6), num_accepted_tokens=SimpleNamespace(np=np.ones(6, dtype=np.int32)),
         input_batch=SimpleNamespace(num_reqs=4, num_computed_tokens_cpu=np.array([30, 12, 9, 40]),
@@ -102,3 +102,20 @@ def test_an_all_decode_step_without_offsets_takes_the_plain_gdn_path_where_it_de
         monkeypatch.setattr(P.cpu_gdn_nonspec, "ACTIVE", active)
         run(runner, so, plain, monkeypatch, scheduled=(1, 1, 1, 1))
         assert runner.num_decode_draft_tokens.np.tolist() == want
+
+
+def test_targets_without_recurrent_layers_skip_the_draft_counts(monkeypatch):
+    runner, so, spec, plain = make(recurrent=False)
+    out, seen = run(runner, so, plain, monkeypatch)
+    assert out == "inputs" and seen == [None] and runner.num_decode_draft_tokens.copies == 0
+
+
+def test_only_vllms_recurrent_state_builders_read_the_draft_counts():
+    from vllm.v1.attention.backends.gdn_attn import GDNAttentionMetadataBuilder
+
+    def runner(*builders):
+        groups = [[SimpleNamespace(get_metadata_builder=lambda b=b: b) for b in builders]]
+        return SimpleNamespace(attn_groups=groups)
+
+    gdn = GDNAttentionMetadataBuilder.__new__(GDNAttentionMetadataBuilder)
+    assert P.reads_draft_counts(runner(object(), gdn)) and not P.reads_draft_counts(runner(object()))

@@ -42,7 +42,7 @@ def test_a_plain_step_holds_every_scheduled_tokens_context_and_drafts_nothing():
 
     runner, scheduler_output = make_runner()
     out, calls, aux = run(runner, scheduler_output)
-    assert calls == [] and out.shape == (3, 0) and runner.drafter.num_speculative_tokens == 0
+    assert calls == [] and out == [] and runner.drafter.num_speculative_tokens == 0
     assert runner._draft_probs is None and runner._draft_prob_req_ids is None
     features, positions, slots = deferred(runner.drafter).take(torch.tensor([[12, 13]]), 16)  # slots 200-209
     assert torch.equal(features, torch.cat([a[:7] for a in aux], dim=-1))
@@ -68,3 +68,17 @@ def test_the_runners_fixed_conditions_are_worked_out_once_and_k_is_read_every_st
     scheduler_output.num_spec_tokens_to_schedule = 15
     assert not holds_plain_step(runner, scheduler_output)
     assert len(models) == 1
+
+
+def test_a_plain_steps_empty_draft_list_hands_the_scheduler_nothing():
+    """V1 keeps a list of drafts as it is; an empty one (a plain step) means no request has drafts, so
+    ``take_draft_token_ids`` returns None and the scheduler updates nothing. A tensor of drafts still goes
+    through vLLM's path."""
+    from vllm_luce.patches.gpu_model_runner import _make_wrapper
+
+    calls = []
+    take = _make_wrapper(lambda self: calls.append(1) or "vllm's DraftTokenIds")
+    runner = SimpleNamespace(_draft_token_ids=[], drafter=None)
+    assert take(runner) is None and calls == []
+    runner._draft_token_ids = torch.zeros(3, 2, dtype=torch.long)
+    assert take(runner) == "vllm's DraftTokenIds" and calls == [1]

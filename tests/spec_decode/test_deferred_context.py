@@ -68,3 +68,24 @@ def test_writes_to_blocks_no_live_request_holds_are_dropped():
     store.hold(torch.ones(2, 1), torch.tensor([16, 17]), torch.tensor([16, 17]))
     assert store.take(torch.tensor([[1, 3]]), 8) is None and len(store) == 0  # nothing live: nothing written
     assert in_live_blocks(torch.tensor([0, 7, 8]), torch.tensor([[0, 1]]), 8).tolist() == [False, False, True]
+
+
+def test_features_held_as_parts_are_concatenated_into_buffers_kept_across_steps():
+    """The target layers' outputs are held as parts (concatenated on the last dimension, int32 slots
+    widened), in buffers allocated once: a take reads them back and the next hold reuses them."""
+    store = DeferredContext(max_tokens=8)
+    a, b = torch.randn(3, 2), torch.randn(3, 5)
+    store.hold([a, b], torch.arange(3), torch.tensor([8, 9, 10], dtype=torch.int32))
+    store.hold(torch.randn(1, 7), torch.tensor([3]), torch.tensor([11]))
+    features, positions, slots = store.take(ALL_LIVE, 8)
+    assert torch.equal(features[:3], torch.cat([a, b], dim=-1)) and slots.dtype == torch.long
+    assert slots.tolist() == [8, 9, 10, 11] and positions.tolist() == [0, 1, 2, 3]
+    buffer = features.data_ptr()
+    store.hold(torch.ones(2, 7), torch.arange(2), torch.tensor([12, 13]))
+    again = store.take(ALL_LIVE, 8)[0]
+    assert again.data_ptr() == buffer and again.eq(1.0).all()
+    with pytest.raises(ValueError, match="limits"):
+        store.hold(torch.ones(9, 7), torch.arange(9), torch.arange(9))
+    store.hold(torch.ones(1, 7), torch.arange(1), torch.arange(1))
+    with pytest.raises(ValueError, match="wide"):
+        store.hold(torch.ones(1, 3), torch.arange(1), torch.arange(1))

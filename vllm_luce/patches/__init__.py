@@ -135,7 +135,8 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "the proposer and the scheduler.",
         how="Wraps take_draft_token_ids (V1 runner, which the CPU runner inherits): cuts each request's "
             "list to verify_widths() of the confidences recorded by LuceDFlashQwen3ForCausalLM in the "
-            "same step. Lists whose length does not match are left alone.",
+            "same step. Lists whose length does not match are left alone. A plain step's empty list of drafts "
+            "(gpu_model_runner_propose) returns None: the scheduler has nothing to update.",
         remove_when="vLLM's V1 proposer API returns per-request draft lengths (as Model Runner V2's "
                     "adaptive verification does for DSpark).",
     ),
@@ -174,7 +175,8 @@ LEDGER: tuple[LedgerEntry, ...] = (
         how="Wraps propose_draft_token_ids (V1 runner, which the CPU runner inherits): with K = 0, a DFlash "
             "drafter, a padded drafter batch and no asynchronous speculative decoding (the only reader of the "
             "counts), it holds the step's context directly (every scheduled token's features, positions and "
-            "slots: what vLLM's path passes) and returns no drafts. Every other step runs vLLM's code.",
+            "slots: what vLLM's path passes) and returns no drafts as an empty list (V1 then skips copying an "
+            "empty draft tensor to the host). Every other step runs vLLM's code.",
         remove_when="V1's runner skips proposer input preparation on steps that draft nothing.",
     ),
     LedgerEntry(
@@ -187,8 +189,8 @@ LEDGER: tuple[LedgerEntry, ...] = (
         how="Wraps _prepare_inputs: on a step with no draft to verify, K = 0 and the plain-step proposer path "
             "(gpu_model_runner_propose), it runs vLLM's own code with the speculative config hidden, so the "
             "step gets one logit per request, no speculative metadata and the plain sampler; the Gated DeltaNet "
-            "draft counts are then set as vLLM sets them for a step without drafts. Every other step runs "
-            "vLLM's code.",
+            "draft counts are then set as vLLM sets them for a step without drafts (when one of vLLM's "
+            "recurrent-state metadata builders reads them). Every other step runs vLLM's code.",
         remove_when="V1's model runner takes its plain input path on steps without drafts.",
     ),
     LedgerEntry(

@@ -27,8 +27,12 @@ def deferred(proposer) -> DeferredContext:
 
 
 def write_context(proposer, features, positions, slots) -> None:
-    """The drafter's context pass: target features through fc and hidden_norm into each layer's K/V."""
-    proposer.model.precompute_and_store_context_kv(proposer.model.combine_hidden_states(features), positions, slots)
+    """The drafter's context pass: target features (one tensor, or the target layers' outputs to
+    concatenate) through fc and hidden_norm into each layer's K/V."""
+    if isinstance(features, (list, tuple)):
+        features = torch.cat(features, dim=-1)
+    proposer.model.precompute_and_store_context_kv(proposer.model.combine_hidden_states(features), positions,
+                                                   slots.long())
 
 
 def write_deferred(proposer, cad) -> None:
@@ -40,27 +44,34 @@ def write_deferred(proposer, cad) -> None:
 
 
 def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
-    """Keep a plain step's context writes; write the held ones first when these would not fit."""
+    """Keep a plain step's context writes; write the held ones first when these would not fit.
+    ``target_hidden_states`` is one tensor, or the target layers' outputs (concatenated when held)."""
     n = cad.num_actual_tokens
     positions = (target_positions[0] if target_positions.dim() == 2 else target_positions)[:n]
-    features = target_hidden_states[:n]
+    features = ([h[:n] for h in target_hidden_states] if isinstance(target_hidden_states, (list, tuple))
+                else target_hidden_states[:n])
     # The drafter's layers share this metadata's KV cache group: a context token's drafter slot is its
     # slot in the target's slot mapping (vLLM's DFlash input kernel computes the same from the block table).
-    slots = cad.slot_mapping[:n].long()
+    slots = cad.slot_mapping[:n]
     held = deferred(proposer)
     if not held.fits(features):
         write_deferred(proposer, cad)
-    if held.fits(features):
-        held.hold(features, positions, slots)
-    else:  # larger than the store on its own (a long prompt chunk): write it now
-        write_context(proposer, features, positions, slots)
+        if not held.fits(features):  # larger than the store on its own (a long prompt chunk): write it now
+            write_context(proposer, features, positions, slots)
+            return
+    held.hold(features, positions, slots)
+
+
+def hold_plain_step(proposer, target_positions, target_hidden_states, cad) -> None:
+    """A step that drafts nothing: its context is held."""
+    proposer.num_speculative_tokens = 0
+    proposer._last_draft_probs = None
+    hold_context(proposer, target_positions, target_hidden_states, cad)
 
 
 def plain_step(proposer, target_positions, target_hidden_states, cad) -> torch.Tensor:
     """A step that drafts nothing: its context is held and no drafts are returned."""
-    proposer.num_speculative_tokens = 0
-    proposer._last_draft_probs = None
-    hold_context(proposer, target_positions, target_hidden_states, cad)
+    hold_plain_step(proposer, target_positions, target_hidden_states, cad)
     return torch.empty(cad.batch_size(), 0, device=target_hidden_states.device, dtype=torch.int64)
 
 

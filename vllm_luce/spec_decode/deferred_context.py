@@ -36,45 +36,79 @@ def last_writes(slots: torch.Tensor) -> torch.Tensor:
     return last.scatter_reduce_(0, inverse, torch.arange(slots.numel(), device=slots.device), reduce="amax")
 
 
+def _parts(features) -> tuple[torch.Tensor, ...]:
+    return tuple(features) if isinstance(features, (list, tuple)) else (features,)
+
+
 class DeferredContext:
-    """The context writes of plain steps not yet in the drafter's cache, oldest first."""
+    """The context writes of plain steps not yet in the drafter's cache, oldest first, in buffers kept
+    from the first hold on (as large as the limits allow). A hold copies one step's rows in, the target
+    layers' outputs concatenated straight into place (one copy where a concatenation and a clone were
+    two, and no allocation); a take reads them back without concatenating the held steps."""
 
     def __init__(self, max_tokens: int, max_bytes: int = DEFAULT_MAX_BYTES):
         if max_tokens < 1 or max_bytes < 1:
             raise ValueError(f"DeferredContext needs max_tokens and max_bytes >= 1, got {max_tokens}, {max_bytes}")
         self.max_tokens, self.max_bytes = max_tokens, max_bytes
-        self._features: list[torch.Tensor] = []
-        self._positions: list[torch.Tensor] = []
-        self._slots: list[torch.Tensor] = []
+        self._buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # features, positions, slots
+        self.steps = 0
         self.tokens = 0
-        self.bytes = 0
 
     def __len__(self) -> int:
-        return len(self._features)
+        return self.steps
 
-    def fits(self, features: torch.Tensor) -> bool:
-        """Whether holding ``features`` too stays within both limits."""
-        return (self.tokens + features.shape[0] <= self.max_tokens
-                and self.bytes + features.numel() * features.element_size() <= self.max_bytes)
+    def fits(self, features) -> bool:
+        """Whether holding ``features`` (one tensor, or parts to concatenate on the last dimension) too
+        stays within both limits."""
+        parts = _parts(features)
+        return self.tokens + parts[0].shape[0] <= self._rows(parts)
 
-    def hold(self, features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> None:
-        """Keep one step's writes (copies: the caller's buffers are reused by the next step)."""
-        if not (features.shape[0] == positions.shape[0] == slots.shape[0]):
-            raise ValueError(f"one row per token: features {tuple(features.shape)}, positions "
+    def _rows(self, parts) -> int:
+        """Rows of ``parts``' width and type that both limits allow (the buffers' size)."""
+        return min(self.max_tokens, self.max_bytes // (sum(p.shape[-1] for p in parts) * parts[0].element_size()))
+
+    def hold(self, features, positions: torch.Tensor, slots: torch.Tensor) -> None:
+        """Keep one step's writes (copied: the caller's buffers are reused by the next step). ``features``
+        is one tensor, or parts concatenated on the last dimension (the target layers' outputs)."""
+        parts = _parts(features)
+        n = parts[0].shape[0]
+        if not (all(p.shape[0] == n for p in parts) and positions.shape[0] == n == slots.shape[0]):
+            raise ValueError(f"one row per token: features {[tuple(p.shape) for p in parts]}, positions "
                              f"{tuple(positions.shape)}, slots {tuple(slots.shape)}")
-        self._features.append(features.clone())
-        self._positions.append(positions.clone())
-        self._slots.append(slots.clone())
-        self.tokens += features.shape[0]
-        self.bytes += features.numel() * features.element_size()
+        feats, pos, slot = self._buffers_for(parts)
+        lo, hi = self.tokens, self.tokens + n
+        if hi > feats.shape[0]:  # the buffers hold what both limits allow
+            raise ValueError(f"holding {n} more tokens exceeds the store's limits ({self.max_tokens} tokens, "
+                             f"{self.max_bytes} bytes); check fits() first")
+        if len(parts) == 1:
+            feats[lo:hi].copy_(parts[0])
+        else:
+            torch.cat(parts, dim=-1, out=feats[lo:hi])
+        pos[lo:hi].copy_(positions)
+        slot[lo:hi].copy_(slots)
+        self.steps += 1
+        self.tokens = hi
+
+    def _buffers_for(self, parts):
+        width = sum(p.shape[-1] for p in parts)
+        b = self._buffers
+        if b is not None and (b[0].shape[1], b[0].dtype, b[0].device) == (width, parts[0].dtype, parts[0].device):
+            return b
+        if self.tokens:
+            raise ValueError(f"held features are {tuple(b[0].shape[1:])} {b[0].dtype}; these are {width} wide, "
+                             f"{parts[0].dtype}")
+        rows = self._rows(parts)
+        index = dict(dtype=torch.long, device=parts[0].device)  # positions and slots, whatever their input type
+        self._buffers = (parts[0].new_empty(rows, width), torch.empty(rows, **index), torch.empty(rows, **index))
+        return self._buffers
 
     def take(self, block_table: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """The held writes whose block is still in ``block_table`` (the live requests' rows of the
         drafter's KV cache group), each slot once with its last write, as one batch; None if there is
-        none. Empties the store."""
-        if not self._features:
+        none. Empties the store; what it returns may be the store's buffers, valid until the next hold."""
+        if not self.tokens:
             return None
-        features, positions, slots = (torch.cat(x) for x in (self._features, self._positions, self._slots))
+        features, positions, slots = (b[: self.tokens] for b in self._buffers)
         self.clear()
         rows = in_live_blocks(slots, block_table, block_size).nonzero().flatten()
         rows = rows[last_writes(slots[rows])]
@@ -85,5 +119,4 @@ class DeferredContext:
         return features[rows], positions[rows], slots[rows]
 
     def clear(self) -> None:
-        self._features, self._positions, self._slots = [], [], []
-        self.tokens = self.bytes = 0
+        self.steps = self.tokens = 0

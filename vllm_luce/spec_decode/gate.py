@@ -12,9 +12,11 @@ of its steps at the losing rate, and one more: the step after the run still does
 (it verifies the run's last drafts), as does the run's first one (it writes the held drafter
 context). The interval is the number of winning steps over which that loss stays within
 ``explore_budget`` of the time, at least ``explore_every`` and at most ``max_explore_every`` steps.
-Two close modes are compared every ``explore_every`` steps. A mode that loses by 10x at a large
-batch, where one of its steps costs twenty of the other's, is re-checked
-about once in 3,600 steps.
+Two close modes are compared every ``explore_every`` steps. A mode that loses by 4x, one of its steps
+costing six of the other's (the always-wrong drafter at batch 16 on a 2-core CPU), is re-checked about
+once in 1,800 steps (4 x 6 x 0.75 / 0.01). The budget, 1%, is the best of 0.5, 1 and 2% on
+``benchmarks/dflash_gate_sim.py``: 2% lost up to 1.2 points more where one mode clearly wins, 0.5% was
+slowest to notice text that turned speculation into the winner.
 
 A regime without samples of both modes alternates until it has ``min_samples`` of each, except a
 larger batch than one that already runs plain at its context: it starts plain and calibrates at its
@@ -49,7 +51,7 @@ from dataclasses import dataclass, field
 class GateConfig:
     explore_every: int = 64  # fewest steps between runs of the mode currently losing, per regime
     max_explore_every: int = 4096  # most steps between them (a regime is re-checked at least this often)
-    explore_budget: float = 0.02  # share of time exploration may lose against always running the winner
+    explore_budget: float = 0.01  # share of time exploration may lose against always running the winner
     run_length: int = 3  # steps a decision holds (the first is a transition)
     min_samples: int = 2  # measured steps of each mode before a regime decides
     smoothing: float = 0.25  # weight of a new sample in the moving averages
@@ -199,7 +201,11 @@ class SpecGate:
         return bucket(batch_size), bucket(context_tokens // 1024)
 
     def regime(self, batch_size: int, context_tokens: int) -> Regime:
-        return self.regimes.setdefault(self.regime_key(batch_size, context_tokens), Regime())
+        key = self.regime_key(batch_size, context_tokens)
+        r = self.regimes.get(key)
+        if r is None:  # not setdefault: building a Regime costs more than the rest of a decision
+            r = self.regimes[key] = Regime()
+        return r
 
     # ------------------------------------------------------------------ batch decision
 

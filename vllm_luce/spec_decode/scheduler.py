@@ -36,7 +36,8 @@ class GatedLookup:
         s = self.scheduler
         gate = s.luce_gate
         drafting = any(gate.request_may_draft(r.request_id) for r in s.running)
-        speculate = gate.decide(batch_size, s.luce_mean_context(), drafting)
+        s._luce_context = s.luce_mean_context()  # the step's regime, observed with its outcome
+        speculate = gate.decide(batch_size, s._luce_context, drafting)
         return s.luce_max_spec_tokens if speculate else 0
 
 
@@ -49,6 +50,7 @@ class DFlashGateMixin:
         self.luce_max_spec_tokens = self.num_spec_tokens
         self.dynamic_sd_lookup = GatedLookup(self)
         self._luce_scheduled_at: dict[int, float] = {}
+        self._luce_context = 0  # mean context of the running requests when the gate last decided
         self._luce_last_update = 0.0
         self._luce_last_log = time.monotonic()
         self._luce_labels = {"model_name": metrics.model_name(self.vllm_config)}
@@ -92,7 +94,7 @@ class DFlashGateMixin:
         spec = scheduler_output.scheduled_spec_decode_tokens
         if not scheduled or not sampled or started is None:
             return
-        batch, context = len(scheduled), self.luce_mean_context()
+        batch, context = len(scheduled), self._luce_context
         for req_id, drafts in spec.items():
             i = index.get(req_id)
             if i is not None and i < len(sampled) and drafts:
@@ -102,11 +104,12 @@ class DFlashGateMixin:
         # A clean sample verifies and drafts in the same mode, with no prompt tokens in the step.
         verified = bool(spec)
         drafted = scheduler_output.num_spec_tokens_to_schedule > 0
-        decode_only = all(n == 1 + len(spec.get(r, ())) for r, n in scheduled.items())
+        # Every row decodes: one token, plus its drafts (a row schedules at least that many).
+        decode_only = scheduler_output.total_num_scheduled_tokens == batch + sum(map(len, spec.values()))
         if verified == drafted and decode_only:
             now = time.perf_counter()
             seconds = now - max(started, self._luce_last_update)
-            committed = sum(len(sampled[index[r]]) for r in scheduled if r in index and index[r] < len(sampled))
+            committed = sum(map(len, sampled))  # V1's batch holds exactly the scheduled requests
             self.luce_gate.observe(speculative=verified, batch_size=batch, context_tokens=context,
                                    committed_tokens=committed, seconds=seconds)
         if time.monotonic() - self._luce_last_log >= LOG_EVERY_S:
