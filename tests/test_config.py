@@ -90,7 +90,8 @@ def test_disabled_sections_are_validated_but_inactive():
 def test_environment_is_parsed_and_additional_config_wins():
     environ = {"VLLM_LUCE_KVFLASH": "0", "VLLM_LUCE_KVFLASH_POOL_TOKENS": "2048",
                "VLLM_LUCE_KVFLASH_POLICY": "lru", "VLLM_LUCE_PFLASH_KEEP_RATIO": "0.25",
-               "VLLM_LUCE_PFLASH_ENABLED": "false", "VLLM_LUCE_EXECUTORS": "auto"}
+               "VLLM_LUCE_PFLASH_ENABLED": "false", "VLLM_LUCE_EXECUTORS": "auto",
+               "VLLM_LUCE_VENV": "/opt/venv"}  # scripts/setup.sh's, not the plugin's
     config = build({"kvflash": {"policy": "qk"}}, environ)
     assert config.kvflash.pool_tokens == 2048  # from the environment
     assert config.kvflash.policy == "qk"  # additional-config overrides the environment

@@ -20,8 +20,9 @@ from typing import Any, Callable, Mapping
 
 ENV_PREFIX = "VLLM_LUCE_"
 ADDITIONAL_CONFIG_KEY = "luce"
-# Environment variables that are not LuceConfig keys (read at plugin registration).
-NON_CONFIG_ENV = {"SKIP_VERSION_CHECK", "EXECUTORS", "DRAFTER"}
+# Environment variables that are not LuceConfig keys: read at plugin registration, or by
+# scripts/setup.sh and scripts/env.sh (VENV, the virtual environment's folder).
+NON_CONFIG_ENV = {"SKIP_VERSION_CHECK", "EXECUTORS", "DRAFTER", "VENV"}
 
 
 class LuceConfigError(ValueError):
