@@ -104,17 +104,32 @@ async def _one(client, model: str, item: Item, want_logprobs: bool) -> Result:
                     res.tokens += lp.tokens
                     res.top2 += [sorted(d.values(), reverse=True)[:2] for d in lp.top_logprobs]
     except Exception as e:  # noqa: BLE001 - every failure is reported, none hidden
-        res.error = f"{type(e).__name__}: {e}"
+        res.error = describe_failure(e, time.perf_counter() - start, res.text)
     res.latency = time.perf_counter() - start
     return res
+
+
+def describe_failure(error: BaseException, seconds: float, text: str) -> str:
+    """The error, what raised it underneath (the openai client wraps httpx's), and how far the stream got."""
+    out, cause = f"{type(error).__name__}: {error}", error.__cause__ or error.__context__
+    while cause is not None:
+        out += f" <- {type(cause).__name__}: {cause}"
+        cause = cause.__cause__ or cause.__context__
+    return out + f" (after {seconds:.1f} s, {len(text)} characters received)"
 
 
 async def run_load(base_url: str, model: str, items: list[Item], concurrency: int, want_logprobs: bool = False,
                    on_done=None) -> tuple[list[Result], float]:
     """All items through ``concurrency`` streams; ``on_done(count)`` after each completion."""
-    from openai import AsyncOpenAI
+    import httpx
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
-    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=600)
+    # vLLM's server closes a keep-alive connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), httpx's
+    # pool reuses one for up to 5 s: a request sent as the server closes its connection is lost (a known
+    # race of the two defaults). The pool drops idle connections first. No retries: every failure counts.
+    pool = httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=2.0)
+    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=600,
+                         http_client=DefaultAsyncHttpxClient(limits=pool, timeout=600))
     queue: asyncio.Queue = asyncio.Queue()
     for item in items:
         queue.put_nowait(item)

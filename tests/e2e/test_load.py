@@ -45,7 +45,8 @@ def assert_every_stream_completes(run: dict, requests: int) -> None:
     """Every request returned, without error, all its tokens, and the server logged no traceback."""
     results = run["results"]
     assert len(results) == requests
-    assert [r.error for r in results if r.error] == []
+    errors = [f"request {r.item.index}: {r.error}" for r in results if r.error]
+    assert errors == [], "\n".join([*errors, "server log tail:", run["log"][-3000:]])
     assert all(r.completion_tokens == L.MAX_TOKENS[r.item.kind] for r in results)
     assert "Traceback" not in run["log"]
 
