@@ -26,18 +26,26 @@ TARGET = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:_spec_aware_non
 ACTIVE = False  # set once applied: gpu_model_runner_inputs routes plain steps here only then
 
 
-def decode(layer, attn_metadata_i, mixed_qkv, b, a, core_attn_out, conv_buf, ssm_state, width) -> None:
-    """Every row decodes one token from the history in its buffer's first ``width - 1`` columns."""
+@functools.cache
+def _kernels():
+    """vLLM's recurrent decode kernel and the plain engine's conv, looked up once (``decode`` runs per layer
+    and step)."""
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as G
 
     from vllm_luce.patches.cpu_gdn_spec import plain_conv
 
+    return G.ops.fused_sigmoid_gating_delta_rule_update_cpu, plain_conv
+
+
+def decode(layer, attn_metadata_i, mixed_qkv, b, a, core_attn_out, conv_buf, ssm_state, width) -> None:
+    """Every row decodes one token from the history in its buffer's first ``width - 1`` columns."""
+    recurrent_decode, plain_conv = _kernels()
     n, tokens = attn_metadata_i.num_decodes, attn_metadata_i.num_decode_tokens
     # A copy: a column of the block table, even one row long, keeps its row stride, which the kernels refuse.
     slots = attn_metadata_i.non_spec_state_indices_tensor[:n].clone(memory_format=torch.contiguous_format)
     conv_out = plain_conv(layer, slots)(mixed_qkv[:tokens], conv_buf[:, :, : width - 1])
     query, key, value = layer.rearrange_mixed_qkv(conv_out)
-    out = G.ops.fused_sigmoid_gating_delta_rule_update_cpu(
+    out = recurrent_decode(
         A_log=layer.A_log, dt_bias=layer.dt_bias, q=query, k=key, v=value, a=a[:tokens], b=b[:tokens],
         initial_state_source=ssm_state, initial_state_indices=slots,
         cu_seqlens=attn_metadata_i.non_spec_query_start_loc[: n + 1], use_qk_l2norm_in_kernel=True)
