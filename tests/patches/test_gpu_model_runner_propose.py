@@ -26,22 +26,25 @@ def make_runner(*, k_next=0, padded=True, async_spec=False):
     return runner, scheduler_output
 
 
-def run(runner, scheduler_output):
+def run(runner, scheduler_output, rows=10):
+    """One propose call with 7 scheduled tokens in ``rows``-row inputs (more rows: a padded batch)."""
     from vllm_luce.patches.gpu_model_runner_propose import _make_wrapper
 
     calls = []
     wrapped = _make_wrapper(lambda *args: calls.append(args) or "vllm's drafts")
-    aux = [torch.randn(10, 4), torch.randn(10, 4)]
-    cad = SimpleNamespace(num_actual_tokens=7, slot_mapping=torch.arange(200, 210), batch_size=lambda: 3)
+    aux = [torch.randn(rows, 4), torch.randn(rows, 4)]
+    runner.positions = runner.positions[:rows]
+    cad = SimpleNamespace(num_actual_tokens=7, slot_mapping=torch.arange(200, 200 + rows), batch_size=lambda: 3)
     out = wrapped(runner, scheduler_output, None, None, torch.randn(10, 4), None, aux, None, cad, None)
     return out, calls, aux
 
 
-def test_a_plain_step_holds_every_scheduled_tokens_context_and_drafts_nothing():
+@pytest.mark.parametrize("rows", [10, 7], ids=["padded", "unpadded"])
+def test_a_plain_step_holds_every_scheduled_tokens_context_and_drafts_nothing(rows):
     from vllm_luce.patches.dflash_proposer import deferred
 
     runner, scheduler_output = make_runner()
-    out, calls, aux = run(runner, scheduler_output)
+    out, calls, aux = run(runner, scheduler_output, rows)
     assert calls == [] and out == [] and runner.drafter.num_speculative_tokens == 0
     assert runner._draft_probs is None and runner._draft_prob_req_ids is None
     features, positions, slots = deferred(runner.drafter).take(torch.tensor([[12, 13]]), 16)  # slots 200-209
@@ -82,3 +85,27 @@ def test_a_plain_steps_empty_draft_list_hands_the_scheduler_nothing():
     assert take(runner) is None and calls == []
     runner._draft_token_ids = torch.zeros(3, 2, dtype=torch.long)
     assert take(runner) == "vllm's DraftTokenIds" and calls == [1]
+
+
+def test_a_large_step_writes_what_is_held_then_its_own_context_at_once(monkeypatch):
+    """From ``DIRECT_WRITE_TOKENS`` tokens a step's pass is efficient on its own: the held writes go first
+    (they are older), then the step's; nothing is left held. A small step after it is held again."""
+    from vllm_luce.patches import dflash_proposer as P
+
+    writes = []
+    monkeypatch.setattr(P, "write_context", lambda proposer, f, pos, slots: writes.append(slots.tolist()))
+    monkeypatch.setattr(P, "DIRECT_WRITE_TOKENS", 5)
+    proposer = SimpleNamespace(max_num_tokens=64, block_size=16, num_speculative_tokens=15, _last_draft_probs=None)
+    table = torch.tensor([[12, 13, 14]])  # slots 192-239
+
+    def step(first_slot, n):
+        cad = SimpleNamespace(num_actual_tokens=n, slot_mapping=torch.arange(first_slot, first_slot + n),
+                              block_table_tensor=table, num_reqs=1)
+        P.hold_plain_step(proposer, torch.arange(n), [torch.randn(n, 4)], cad)
+
+    step(200, 2)
+    assert writes == [] and P.deferred(proposer).tokens == 2
+    step(202, 5)
+    assert writes == [[200, 201], [202, 203, 204, 205, 206]] and P.deferred(proposer).tokens == 0
+    step(207, 4)
+    assert len(writes) == 2 and P.deferred(proposer).tokens == 4

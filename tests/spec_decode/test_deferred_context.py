@@ -1,19 +1,22 @@
 """Drafter context writes held across plain steps (pure torch): the replay leaves every live slot as the
-per-step writes would, drops writes to blocks no live request holds, and keeps the store's limits."""
+per-step writes would, drops writes to blocks no live request holds (their slot becomes vLLM's padding
+slot, which its cache writes skip), and keeps the store's limits."""
 
 import pytest
 import torch
 
-from vllm_luce.spec_decode.deferred_context import DeferredContext, in_live_blocks, last_writes
+from vllm_luce.spec_decode.deferred_context import PADDING_SLOT, DeferredContext, in_live_blocks, last_writes
 
 ALL_LIVE = torch.tensor([[1, 2, 3, 4]])  # blocks of 8 slots: slots 8-39
 
 
 def test_last_writes_keeps_the_latest_of_each_slot():
     slots = torch.tensor([5, 9, 5, 3, 9, 5])
-    keep = last_writes(slots)
-    assert sorted(keep.tolist()) == [3, 4, 5]
-    assert sorted(slots[keep].tolist()) == [3, 5, 9]
+    assert last_writes(slots).tolist() == [False, False, False, True, True, True]
+    g = torch.Generator().manual_seed(3)
+    slots = torch.randint(0, 40, (500,), generator=g)
+    latest = {int(s): i for i, s in enumerate(slots)}
+    assert last_writes(slots).nonzero().flatten().tolist() == sorted(latest.values())
 
 
 def replay(writes, cache_rows=32, width=3):
@@ -21,6 +24,15 @@ def replay(writes, cache_rows=32, width=3):
     cache = torch.full((cache_rows, width), float("nan"))
     for features, slots in writes:
         cache[slots] = features
+    return cache
+
+
+def write(cache, features, slots):
+    """A cache write as vLLM's kernels do it: each row to its slot, padding slots skipped; at most one
+    row per slot (a duplicate would land in an unspecified order)."""
+    kept = slots != PADDING_SLOT
+    assert slots[kept].unique().numel() == int(kept.sum())
+    cache[slots[kept]] = features[kept]
     return cache
 
 
@@ -36,9 +48,9 @@ def test_one_replay_equals_the_per_step_writes():
         store.hold(f, s * 2, s)  # positions: any per-token value travels with its row
     features, positions, slots = store.take(ALL_LIVE, 8)
     assert len(store) == 0 and store.tokens == 0 and store.take(ALL_LIVE, 8) is None
-    assert torch.equal(positions, slots * 2)
-    got = torch.full((32, 3), float("nan"))
-    got[slots] = features
+    assert torch.equal(positions, torch.cat([s for _, s in writes]) * 2)  # every row, in order
+    assert int((slots == PADDING_SLOT).sum()) == 3  # the first writes of 12, 20 and 21, rewritten later
+    got = write(torch.full((32, 3), float("nan")), features, slots)
     assert torch.equal(got.nan_to_num(-1.0), replay(writes).nan_to_num(-1.0))
 
 
@@ -64,10 +76,14 @@ def test_writes_to_blocks_no_live_request_holds_are_dropped():
     slots = torch.tensor([8, 9, 16, 17, 24, 40])  # blocks 1, 1, 2, 2, 3, 5 (8 slots per block)
     store.hold(torch.arange(6.0)[:, None], slots, slots)
     features, positions, kept = store.take(torch.tensor([[1, 0, 0], [3, 5, 0]]), 8)  # block 2 was freed
-    assert kept.tolist() == [8, 9, 24, 40] and features.flatten().tolist() == [0.0, 1.0, 4.0, 5.0]
+    assert kept.tolist() == [8, 9, -1, -1, 24, 40] and features.flatten().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
     store.hold(torch.ones(2, 1), torch.tensor([16, 17]), torch.tensor([16, 17]))
-    assert store.take(torch.tensor([[1, 3]]), 8) is None and len(store) == 0  # nothing live: nothing written
+    assert store.take(torch.tensor([[1, 3]]), 8)[2].tolist() == [-1, -1] and len(store) == 0  # nothing live
     assert in_live_blocks(torch.tensor([0, 7, 8]), torch.tensor([[0, 1]]), 8).tolist() == [False, False, True]
+    assert in_live_blocks(torch.tensor([8, 16]), torch.zeros(0, 4, dtype=torch.int32), 8).tolist() == [False, False]
+    table = torch.tensor([[9, 4, 0], [2, 7, 0]], dtype=torch.int32)  # unsorted rows, int32 as vLLM keeps them
+    slots = torch.arange(0, 10 * 8, 4)
+    assert in_live_blocks(slots, table, 8).tolist() == [(int(s) // 8) in (9, 4, 2, 7) for s in slots]
 
 
 def test_features_held_as_parts_are_concatenated_into_buffers_kept_across_steps():

@@ -19,6 +19,14 @@ from vllm_luce.spec_decode.deferred_context import DeferredContext
 TARGET = "vllm.v1.spec_decode.dflash:DFlashProposer.propose"
 
 
+# A step with this many tokens writes its context at once (after what is held). Holding pays where a
+# pass costs about the same for few tokens as for many (weight reads and launches); at many tokens a
+# step's pass is already efficient and holding adds copies and a take. Measured on an H100 with a
+# Qwen3-8B-DFlash shape (benchmarks/dflash_plain_step_gpu.py, three runs): holding cost 0.5-1.0x the
+# per-step pass up to 64 tokens, 1.1-1.3x at 128, 1.6-1.9x at 256.
+DIRECT_WRITE_TOKENS = 128
+
+
 def deferred(proposer) -> DeferredContext:
     held = getattr(proposer, "_luce_deferred", None)
     if held is None:
@@ -43,23 +51,32 @@ def write_deferred(proposer, cad) -> None:
         write_context(proposer, *batch)
 
 
+def first_rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``t[:n]``, without the slice's per-call cost when ``t`` has ``n`` rows (an unpadded batch)."""
+    return t if t.shape[0] == n else t[:n]
+
+
 def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
-    """Keep a plain step's context writes; write the held ones first when these would not fit.
-    ``target_hidden_states`` is one tensor, or the target layers' outputs (concatenated when held)."""
+    """Keep a plain step's context writes. A large step (``DIRECT_WRITE_TOKENS``), or one that would not fit,
+    writes what is held, then holds or writes its own. ``target_hidden_states`` is one tensor, or the
+    target layers' outputs (concatenated when held)."""
     n = cad.num_actual_tokens
-    positions = (target_positions[0] if target_positions.dim() == 2 else target_positions)[:n]
-    features = ([h[:n] for h in target_hidden_states] if isinstance(target_hidden_states, (list, tuple))
-                else target_hidden_states[:n])
+    positions = first_rows(target_positions[0] if target_positions.dim() == 2 else target_positions, n)
+    features = ([first_rows(h, n) for h in target_hidden_states]
+                if isinstance(target_hidden_states, (list, tuple)) else first_rows(target_hidden_states, n))
     # The drafter's layers share this metadata's KV cache group: a context token's drafter slot is its
     # slot in the target's slot mapping (vLLM's DFlash input kernel computes the same from the block table).
-    slots = cad.slot_mapping[:n]
+    slots = first_rows(cad.slot_mapping, n)
     held = deferred(proposer)
-    if not held.fits(features):
-        write_deferred(proposer, cad)
-        if not held.fits(features):  # larger than the store on its own (a long prompt chunk): write it now
-            write_context(proposer, features, positions, slots)
-            return
-    held.hold(features, positions, slots)
+    small = n < DIRECT_WRITE_TOKENS
+    if small and held.fits(features):
+        held.hold(features, positions, slots)
+        return
+    write_deferred(proposer, cad)  # the held writes first: they are older
+    if small and held.fits(features):
+        held.hold(features, positions, slots)
+    else:  # a large step, or larger than the store on its own (a long prompt chunk)
+        write_context(proposer, features, positions, slots)
 
 
 def hold_plain_step(proposer, target_positions, target_hidden_states, cad) -> None:

@@ -8,11 +8,12 @@ the per-step pass cost 0.6 ms of a 5.4 ms plain step.
 
 Replaying the writes in order leaves the cache as the per-step passes would have: a slot written
 twice (a rejected draft's position rewritten by the next step) keeps its last write. A held write
-whose block is no longer in a live request's block table is dropped: its request finished or was
-preempted, and the block may now be another KV cache group's. On hybrid targets vLLM lays the groups
-over the same memory (block ``b`` of the drafter's layers is block ``b`` of some Gated DeltaNet
-layers' state), so such a write would corrupt a new request's recurrent state: measured on the trained
-Qwen3.6 pair, 1-3 of 48 greedy outputs changed at the first tokens after their prompt.
+whose block is no longer in a live request's block table is dropped (its slot becomes vLLM's padding
+slot): its request finished or was preempted, and the block may now be another KV cache group's.
+On hybrid targets vLLM lays the groups over the same memory (block ``b`` of the drafter's layers is
+block ``b`` of some Gated DeltaNet layers' state), so such a write would corrupt a new request's
+recurrent state: measured on the trained Qwen3.6 pair, 1-3 of 48 greedy outputs changed at the first
+tokens after their prompt.
 """
 
 from __future__ import annotations
@@ -22,18 +23,30 @@ import torch
 DEFAULT_MAX_BYTES = 64 << 20  # feature bytes held at most, on the device
 
 
+PADDING_SLOT = -1  # vLLM's padding slot: its cache-write kernels skip it (CUDA's and CPU's alike)
+
+
 def in_live_blocks(slots: torch.Tensor, block_table: torch.Tensor, block_size: int) -> torch.Tensor:
     """Mask of ``slots`` whose block is in ``block_table`` (live requests' rows; block 0 is vLLM's null
-    block, never a request's)."""
-    live = block_table.flatten()
-    return torch.isin(slots // block_size, live[live > 0])
+    block, never a request's). A binary search in the sorted table: no host sync, unlike ``torch.isin``
+    (its sorting path) or boolean indexing."""
+    blocks = slots // block_size
+    live = torch.sort(block_table.flatten().to(blocks.dtype))[0]
+    if live.numel() == 0:
+        return torch.zeros_like(blocks, dtype=torch.bool)
+    at = torch.searchsorted(live, blocks).clamp_(max=live.numel() - 1)
+    return (live[at] == blocks) & (blocks > 0)
 
 
 def last_writes(slots: torch.Tensor) -> torch.Tensor:
-    """Indices into ``slots`` of the last write to each distinct slot."""
-    unique, inverse = torch.unique(slots, return_inverse=True)
-    last = torch.full((unique.numel(),), -1, dtype=torch.long, device=slots.device)
-    return last.scatter_reduce_(0, inverse, torch.arange(slots.numel(), device=slots.device), reduce="amax")
+    """Mask of the rows of ``slots`` that are the last write to their slot. A stable sort keeps each
+    slot's writes in order, so the last of a run of equal slots is the latest: no host sync."""
+    ordered, order = torch.sort(slots, stable=True)
+    last = torch.ones_like(slots, dtype=torch.bool)
+    last[:-1] = ordered[1:] != ordered[:-1]
+    mask = torch.empty_like(last)
+    mask[order] = last
+    return mask
 
 
 def _parts(features) -> tuple[torch.Tensor, ...]:
@@ -102,21 +115,20 @@ class DeferredContext:
         self._buffers = (parts[0].new_empty(rows, width), torch.empty(rows, **index), torch.empty(rows, **index))
         return self._buffers
 
-    def take(self, block_table: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """The held writes whose block is still in ``block_table`` (the live requests' rows of the
-        drafter's KV cache group), each slot once with its last write, as one batch; None if there is
-        none. Empties the store; what it returns may be the store's buffers, valid until the next hold."""
+    def take(self, block_table: torch.Tensor, block_size: int
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """The held writes as one batch, in order, None if there is none. A write whose block is not in
+        ``block_table`` (the live requests' rows of the drafter's KV cache group), or that a later write
+        to its slot overrides, gets ``PADDING_SLOT``: the cache write skips it, so each live slot keeps
+        its last write. Marked, not removed: removing rows needs their count on the host, a sync that cost
+        0.5-0.9 ms of a drafting step on an H100 (``benchmarks/dflash_plain_step_gpu.py``). Empties the
+        store; the features and positions returned are its buffers, valid until the next hold."""
         if not self.tokens:
             return None
         features, positions, slots = (b[: self.tokens] for b in self._buffers)
         self.clear()
-        rows = in_live_blocks(slots, block_table, block_size).nonzero().flatten()
-        rows = rows[last_writes(slots[rows])]
-        if rows.numel() == 0:
-            return None
-        if rows.numel() == slots.numel():  # every write live and to a distinct slot (their order is free)
-            return features, positions, slots
-        return features[rows], positions[rows], slots[rows]
+        keep = in_live_blocks(slots, block_table, block_size) & last_writes(slots)
+        return features, positions, torch.where(keep, slots, PADDING_SLOT)
 
     def clear(self) -> None:
         self.steps = self.tokens = 0
