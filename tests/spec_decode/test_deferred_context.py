@@ -1,6 +1,6 @@
 """Drafter context writes held across plain steps (pure torch): the replay leaves every live slot as the
 per-step writes would, drops writes to blocks no live request holds (their slot becomes vLLM's padding
-slot, which its cache writes skip), and keeps the store's limits."""
+slot, which its cache writes skip: checked against vLLM's CPU kernel), and keeps the store's limits."""
 
 import pytest
 import torch
@@ -105,3 +105,18 @@ def test_features_held_as_parts_are_concatenated_into_buffers_kept_across_steps(
     store.hold(torch.ones(1, 7), torch.arange(1), torch.arange(1))
     with pytest.raises(ValueError, match="wide"):
         store.hold(torch.ones(1, 3), torch.arange(1), torch.arange(1))
+
+
+@pytest.mark.parametrize("isa", ["vec", "vec16", pytest.param("amx", marks=pytest.mark.skipif(
+    not torch.cpu._is_amx_tile_supported(), reason="vLLM runs its amx kernel only on AMX CPUs"))])
+def test_vllms_cpu_cache_write_skips_the_padding_slot(isa):
+    """What ``take`` relies on to drop a write without removing its row (CUDA's kernels skip negative
+    slots too: vLLM pads drafter batches with them)."""
+    ops = pytest.importorskip("vllm._custom_ops", reason="the check is of vLLM's CPU kernel")
+    block, head, heads = 64, 32, 2
+    cache = torch.zeros(3, heads, block, 2 * head, dtype=torch.bfloat16)
+    key_cache, value_cache = cache.view(3, heads, 2 * block, head).chunk(2, dim=2)
+    k, v = (torch.randn(3, heads, head).to(torch.bfloat16) for _ in range(2))
+    ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, torch.tensor([5, PADDING_SLOT, 70]), isa)
+    written = int((cache != 0).sum())
+    assert written == 2 * 2 * heads * head, written  # two tokens' K and V, nothing for the padding row
