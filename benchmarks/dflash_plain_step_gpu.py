@@ -104,7 +104,7 @@ def measure(batch: int, device, dtype, max_tokens: int, reps: int, sync) -> dict
     proposer = SimpleNamespace(max_num_tokens=max_tokens, block_size=BLOCK_SIZE, num_speculative_tokens=15,
                                _last_draft_probs=None)
     store = P.deferred(proposer)
-    rows = min(store.max_tokens, store.max_bytes // (TAPS * HIDDEN * torch.empty(0, dtype=dtype).element_size()))
+    rows = store.capacity(torch.empty(0, TAPS * HIDDEN, dtype=dtype))
     held_steps = max(1, rows // batch)  # plain steps the store holds before a full store writes them
     steps, table, slots = steps_for(batch, held_steps, device, dtype)
     proposer.model = ContextWriter(slots, device, dtype)

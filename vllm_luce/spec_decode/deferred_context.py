@@ -74,10 +74,12 @@ class DeferredContext:
         """Whether holding ``features`` (one tensor, or parts to concatenate on the last dimension) too
         stays within both limits."""
         parts = _parts(features)
-        return self.tokens + parts[0].shape[0] <= self._rows(parts)
+        return self.tokens + parts[0].shape[0] <= self.capacity(parts)
 
-    def _rows(self, parts) -> int:
-        """Rows of ``parts``' width and type that both limits allow (the buffers' size)."""
+    def capacity(self, features) -> int:
+        """Rows of ``features``' width and type (one tensor, or parts) that both limits allow: the
+        buffers' size."""
+        parts = _parts(features)
         return min(self.max_tokens, self.max_bytes // (sum(p.shape[-1] for p in parts) * parts[0].element_size()))
 
     def hold(self, features, positions: torch.Tensor, slots: torch.Tensor) -> None:
@@ -110,7 +112,7 @@ class DeferredContext:
         if self.tokens:
             raise ValueError(f"held features are {tuple(b[0].shape[1:])} {b[0].dtype}; these are {width} wide, "
                              f"{parts[0].dtype}")
-        rows = self._rows(parts)
+        rows = self.capacity(parts)
         index = dict(dtype=torch.long, device=parts[0].device)  # positions and slots, whatever their input type
         self._buffers = (parts[0].new_empty(rows, width), torch.empty(rows, **index), torch.empty(rows, **index))
         return self._buffers
