@@ -15,7 +15,7 @@ def make_runner(*, k_next=0, padded=True, async_spec=False):
 
     drafter = DFlashProposer.__new__(DFlashProposer)  # only the attributes the shortcut touches
     drafter.max_num_tokens, drafter.block_size, drafter.supports_mm_inputs = 64, 16, False
-    drafter.num_speculative_tokens = 15
+    drafter.num_speculative_tokens, drafter.device = 15, torch.device("cpu")
     runner = SimpleNamespace(
         drafter=drafter, speculative_config=SimpleNamespace(disable_padded_drafter_batch=not padded),
         valid_sampled_token_count_event=None, use_async_spec_decode=async_spec, supports_mm_inputs=False,
@@ -73,6 +73,29 @@ def test_the_runners_fixed_conditions_are_worked_out_once_and_k_is_read_every_st
     assert len(models) == 1
 
 
+@pytest.mark.parametrize("device, from_config, default, expected", [
+    ("cpu", (2, 5), None, True), ("cpu", None, (1, 3), True), ("cpu", (0, 3), None, False),
+    ("cuda", (2, 5), None, False)], ids=["cpu", "cpu, model default", "layer 0's input", "cuda"])
+def test_plain_steps_hold_features_by_reference_only_where_they_are_new_tensors(device, from_config, default,
+                                                                               expected):
+    """On CPU the target layers' outputs are new each step and held as they are; layer 0's input can be the
+    runner's input-embeddings buffer, and a GPU's CUDA graph outputs are fixed buffers: both are copied."""
+    from vllm_luce.patches.dflash_proposer import deferred
+    from vllm_luce.patches.gpu_model_runner_propose import features_are_new_tensors
+    from vllm_luce.spec_decode.deferred_context import DeferredContextByReference
+
+    runner, scheduler_output = make_runner()
+    runner.device = torch.device(device)
+    runner._get_eagle3_aux_layers_from_config = lambda: from_config
+    runner.get_model = lambda: SimpleNamespace(get_eagle3_default_aux_hidden_state_layers=lambda: default)
+    assert features_are_new_tensors(runner) is expected
+    if device == "cpu":
+        run(runner, scheduler_output)
+        assert isinstance(deferred(runner.drafter), DeferredContextByReference) is expected
+    bare, _ = make_runner()  # a runner without vLLM's methods keeps the copying store
+    assert features_are_new_tensors(bare) is False
+
+
 def test_a_plain_steps_empty_draft_list_hands_the_scheduler_nothing():
     """V1 keeps a list of drafts as it is; an empty one (a plain step) means no request has drafts, so
     ``take_draft_token_ids`` returns None and the scheduler updates nothing. A tensor of drafts still goes
@@ -95,7 +118,8 @@ def test_a_large_step_writes_what_is_held_then_its_own_context_at_once(monkeypat
     writes = []
     monkeypatch.setattr(P, "write_context", lambda proposer, f, pos, slots: writes.append(slots.tolist()))
     monkeypatch.setattr(P, "DIRECT_WRITE_TOKENS", 5)
-    proposer = SimpleNamespace(max_num_tokens=64, block_size=16, num_speculative_tokens=15, _last_draft_probs=None)
+    proposer = SimpleNamespace(max_num_tokens=64, block_size=16, num_speculative_tokens=15, _last_draft_probs=None,
+                               device=torch.device("cpu"))
     table = torch.tensor([[12, 13, 14]])  # slots 192-239
 
     def step(first_slot, n):

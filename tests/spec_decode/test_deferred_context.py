@@ -5,9 +5,12 @@ slot, which its cache writes skip: checked against vLLM's CPU kernel), and keeps
 import pytest
 import torch
 
-from vllm_luce.spec_decode.deferred_context import PADDING_SLOT, DeferredContext, in_live_blocks, last_writes
+from vllm_luce.spec_decode.deferred_context import (PADDING_SLOT, DeferredContext, DeferredContextByReference,
+                                                    in_live_blocks, last_writes)
 
 ALL_LIVE = torch.tensor([[1, 2, 3, 4]])  # blocks of 8 slots: slots 8-39
+STORES = pytest.mark.parametrize("store_type", [DeferredContext, DeferredContextByReference],
+                                 ids=["buffers", "by reference"])
 
 
 def test_last_writes_keeps_the_latest_of_each_slot():
@@ -36,9 +39,10 @@ def write(cache, features, slots):
     return cache
 
 
-def test_one_replay_equals_the_per_step_writes():
+@STORES
+def test_one_replay_equals_the_per_step_writes(store_type):
     g = torch.Generator().manual_seed(0)
-    store = DeferredContext(max_tokens=100)
+    store = store_type(max_tokens=100)
     writes = []
     # A rejected draft's slot (12) rewritten by the next step; slots 20, 21 written twice.
     for slots in ([10, 11, 12, 20, 21], [12, 13], [14, 20], [21, 15, 16]):
@@ -54,25 +58,52 @@ def test_one_replay_equals_the_per_step_writes():
     assert torch.equal(got.nan_to_num(-1.0), replay(writes).nan_to_num(-1.0))
 
 
-def test_hold_copies_and_the_limits_hold():
-    store = DeferredContext(max_tokens=4, max_bytes=4 * 3 * 4)
-    f = torch.ones(3, 3)
-    store.hold(f, torch.arange(3), torch.arange(3) + 8)
-    f.fill_(7.0)  # the caller reuses its buffer
-    assert store.take(ALL_LIVE, 8)[0].eq(1.0).all()
-    store.hold(torch.ones(3, 3), torch.arange(3), torch.arange(3))
+def test_the_buffer_store_copies():
+    store = DeferredContext(max_tokens=4)
+    f, index = torch.ones(3, 3), torch.arange(3) + 8
+    store.hold(f, index, index)
+    f.fill_(7.0)  # the caller reuses its buffers (a GPU runner's CUDA graph outputs)
+    index.fill_(30)
+    features, positions, slots = store.take(ALL_LIVE, 8)
+    assert features.eq(1.0).all() and positions.tolist() == slots.tolist() == [8, 9, 10]
+
+
+def test_the_store_by_reference_keeps_the_features_and_copies_positions_and_slots():
+    """On CPU a step's target features are new tensors; the runner's position and slot buffers are reused."""
+    store = DeferredContextByReference(max_tokens=8)
+    a, b, index = torch.randn(3, 2), torch.randn(3, 5), torch.tensor([8, 9, 10], dtype=torch.int32)
+    assert store.hold([a, b], index, index)
+    index.fill_(30)
+    c = torch.randn(1, 7)
+    assert store.hold(c, torch.tensor([3]), torch.tensor([11]))
+    features, positions, slots = store.take(ALL_LIVE, 8)
+    assert torch.equal(features, torch.cat([torch.cat([a, b], dim=-1), c]))
+    assert positions.tolist() == [8, 9, 10, 3] and slots.tolist() == [8, 9, 10, 11] and slots.dtype == torch.long
+    assert store.take(ALL_LIVE, 8) is None and not store.hold(torch.ones(9, 7), torch.arange(9), torch.arange(9))
+    assert store.hold(torch.ones(1, 7), torch.arange(1), torch.arange(1))
+    with pytest.raises(ValueError, match="wide"):
+        store.hold(torch.ones(1, 3), torch.arange(1), torch.arange(1))
+
+
+@STORES
+def test_the_limits_hold(store_type):
+    store = store_type(max_tokens=4, max_bytes=4 * 3 * 4)
+    assert store.hold(torch.ones(3, 3), torch.arange(3), torch.arange(3))
     assert store.fits(torch.ones(1, 3)) and not store.fits(torch.ones(2, 3))
-    assert not DeferredContext(max_tokens=100, max_bytes=8).fits(torch.ones(1, 3))  # 12 bytes > 8
+    assert not store.hold(torch.ones(2, 3), torch.arange(2), torch.arange(2)) and store.tokens == 3  # nothing held
+    assert not store.hold(torch.ones(2, 3), torch.arange(2), torch.arange(2)) and store.tokens == 3  # nothing held
+    assert not store_type(max_tokens=100, max_bytes=8).fits(torch.ones(1, 3))  # 12 bytes > 8
     with pytest.raises(ValueError, match="one row per token"):
         store.hold(torch.ones(2, 3), torch.arange(3), torch.arange(3))
     with pytest.raises(ValueError, match="max_tokens"):
-        DeferredContext(0)
+        store_type(0)
 
 
-def test_writes_to_blocks_no_live_request_holds_are_dropped():
+@STORES
+def test_writes_to_blocks_no_live_request_holds_are_dropped(store_type):
     """A request finished or was preempted after its plain steps: its blocks may now hold another KV cache
     group's state (on hybrid targets the groups share memory), so its held writes must not land."""
-    store = DeferredContext(max_tokens=100)
+    store = store_type(max_tokens=100)
     slots = torch.tensor([8, 9, 16, 17, 24, 40])  # blocks 1, 1, 2, 2, 3, 5 (8 slots per block)
     store.hold(torch.arange(6.0)[:, None], slots, slots)
     features, positions, kept = store.take(torch.tensor([[1, 0, 0], [3, 5, 0]]), 8)  # block 2 was freed
@@ -100,9 +131,8 @@ def test_features_held_as_parts_are_concatenated_into_buffers_kept_across_steps(
     store.hold(torch.ones(2, 7), torch.arange(2), torch.tensor([12, 13]))
     again = store.take(ALL_LIVE, 8)[0]
     assert again.data_ptr() == buffer and again.eq(1.0).all()
-    with pytest.raises(ValueError, match="limits"):
-        store.hold(torch.ones(9, 7), torch.arange(9), torch.arange(9))
-    store.hold(torch.ones(1, 7), torch.arange(1), torch.arange(1))
+    assert not store.hold(torch.ones(9, 7), torch.arange(9), torch.arange(9)) and store.tokens == 0  # over the limit
+    assert store.hold(torch.ones(1, 7), torch.arange(1), torch.arange(1))
     with pytest.raises(ValueError, match="wide"):
         store.hold(torch.ones(1, 3), torch.arange(1), torch.arange(1))
 

@@ -177,7 +177,9 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "drafter, a padded drafter batch and no asynchronous speculative decoding (the only reader of the "
             "counts), it holds the step's context directly (every scheduled token's features, positions and "
             "slots: what vLLM's path passes) and returns no drafts as an empty list (V1 then skips copying an "
-            "empty draft tensor to the host). Every other step runs vLLM's code.",
+            "empty draft tensor to the host). On CPU the features are held as the step's own tensors, not "
+            "copied (read: vLLM's choice of target layers, through _get_eagle3_aux_layers_from_config; "
+            "anything unexpected keeps the copying store). Every other step runs vLLM's code.",
         remove_when="V1's runner skips proposer input preparation on steps that draft nothing.",
     ),
     LedgerEntry(

@@ -14,7 +14,7 @@ import functools
 import torch
 
 from vllm_luce.patches import ledger_signature, wrap_method
-from vllm_luce.spec_decode.deferred_context import DeferredContext
+from vllm_luce.spec_decode.deferred_context import DeferredContext, DeferredContextByReference
 
 TARGET = "vllm.v1.spec_decode.dflash:DFlashProposer.propose"
 
@@ -27,10 +27,13 @@ TARGET = "vllm.v1.spec_decode.dflash:DFlashProposer.propose"
 DIRECT_WRITE_TOKENS = 128
 
 
-def deferred(proposer) -> DeferredContext:
+def deferred(proposer, by_reference: bool = False) -> DeferredContext:
+    """The proposer's store, made on first use: ``by_reference`` where each step's features are new tensors
+    that nothing writes after the step (``DeferredContextByReference``), otherwise copied into buffers."""
     held = getattr(proposer, "_luce_deferred", None)
     if held is None:
-        held = proposer._luce_deferred = DeferredContext(proposer.max_num_tokens)
+        held = proposer._luce_deferred = (DeferredContextByReference if by_reference else DeferredContext)(
+            proposer.max_num_tokens)
     return held
 
 
@@ -56,10 +59,10 @@ def first_rows(t: torch.Tensor, n: int) -> torch.Tensor:
     return t if t.shape[0] == n else t[:n]
 
 
-def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
+def hold_context(proposer, target_positions, target_hidden_states, cad, by_reference: bool = False) -> None:
     """Keep a plain step's context writes. A large step (``DIRECT_WRITE_TOKENS``), or one that would not fit,
     writes what is held, then holds or writes its own. ``target_hidden_states`` is one tensor, or the
-    target layers' outputs (concatenated when held)."""
+    target layers' outputs (concatenated when held); ``by_reference``: see ``deferred``."""
     n = cad.num_actual_tokens
     positions = first_rows(target_positions[0] if target_positions.dim() == 2 else target_positions, n)
     features = ([first_rows(h, n) for h in target_hidden_states]
@@ -67,23 +70,20 @@ def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
     # The drafter's layers share this metadata's KV cache group: a context token's drafter slot is its
     # slot in the target's slot mapping (vLLM's DFlash input kernel computes the same from the block table).
     slots = first_rows(cad.slot_mapping, n)
-    held = deferred(proposer)
+    held = deferred(proposer, by_reference)
     small = n < DIRECT_WRITE_TOKENS
-    if small and held.fits(features):
-        held.hold(features, positions, slots)
+    if small and held.hold(features, positions, slots):
         return
     write_deferred(proposer, cad)  # the held writes first: they are older
-    if small and held.fits(features):
-        held.hold(features, positions, slots)
-    else:  # a large step, or larger than the store on its own (a long prompt chunk)
+    if not (small and held.hold(features, positions, slots)):  # a large step, or one larger than the store
         write_context(proposer, features, positions, slots)
 
 
-def hold_plain_step(proposer, target_positions, target_hidden_states, cad) -> None:
+def hold_plain_step(proposer, target_positions, target_hidden_states, cad, by_reference: bool = False) -> None:
     """A step that drafts nothing: its context is held."""
     proposer.num_speculative_tokens = 0
     proposer._last_draft_probs = None
-    hold_context(proposer, target_positions, target_hidden_states, cad)
+    hold_context(proposer, target_positions, target_hidden_states, cad, by_reference)
 
 
 def plain_step(proposer, target_positions, target_hidden_states, cad) -> torch.Tensor:
