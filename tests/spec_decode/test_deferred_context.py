@@ -89,10 +89,9 @@ def test_the_store_by_reference_keeps_the_features_and_copies_positions_and_slot
 def test_the_limits_hold(store_type):
     store = store_type(max_tokens=4, max_bytes=4 * 3 * 4)
     assert store.hold(torch.ones(3, 3), torch.arange(3), torch.arange(3))
-    assert store.fits(torch.ones(1, 3)) and not store.fits(torch.ones(2, 3))
     assert not store.hold(torch.ones(2, 3), torch.arange(2), torch.arange(2)) and store.tokens == 3  # nothing held
-    assert not store.hold(torch.ones(2, 3), torch.arange(2), torch.arange(2)) and store.tokens == 3  # nothing held
-    assert not store_type(max_tokens=100, max_bytes=8).fits(torch.ones(1, 3))  # 12 bytes > 8
+    assert store.hold(torch.ones(1, 3), torch.arange(1), torch.arange(1)) and store.tokens == 4
+    assert not store_type(max_tokens=100, max_bytes=8).hold(torch.ones(1, 3), torch.arange(1), torch.arange(1))  # 12 B
     with pytest.raises(ValueError, match="one row per token"):
         store.hold(torch.ones(2, 3), torch.arange(3), torch.arange(3))
     with pytest.raises(ValueError, match="max_tokens"):

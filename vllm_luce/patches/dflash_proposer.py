@@ -59,10 +59,10 @@ def first_rows(t: torch.Tensor, n: int) -> torch.Tensor:
     return t if t.shape[0] == n else t[:n]
 
 
-def hold_context(proposer, target_positions, target_hidden_states, cad, by_reference: bool = False) -> None:
+def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
     """Keep a plain step's context writes. A large step (``DIRECT_WRITE_TOKENS``), or one that would not fit,
     writes what is held, then holds or writes its own. ``target_hidden_states`` is one tensor, or the
-    target layers' outputs (concatenated when held); ``by_reference``: see ``deferred``."""
+    target layers' outputs (concatenated when held)."""
     n = cad.num_actual_tokens
     positions = first_rows(target_positions[0] if target_positions.dim() == 2 else target_positions, n)
     features = ([first_rows(h, n) for h in target_hidden_states]
@@ -70,7 +70,7 @@ def hold_context(proposer, target_positions, target_hidden_states, cad, by_refer
     # The drafter's layers share this metadata's KV cache group: a context token's drafter slot is its
     # slot in the target's slot mapping (vLLM's DFlash input kernel computes the same from the block table).
     slots = first_rows(cad.slot_mapping, n)
-    held = deferred(proposer, by_reference)
+    held = deferred(proposer)
     small = n < DIRECT_WRITE_TOKENS
     if small and held.hold(features, positions, slots):
         return
@@ -79,11 +79,11 @@ def hold_context(proposer, target_positions, target_hidden_states, cad, by_refer
         write_context(proposer, features, positions, slots)
 
 
-def hold_plain_step(proposer, target_positions, target_hidden_states, cad, by_reference: bool = False) -> None:
+def hold_plain_step(proposer, target_positions, target_hidden_states, cad) -> None:
     """A step that drafts nothing: its context is held."""
     proposer.num_speculative_tokens = 0
     proposer._last_draft_probs = None
-    hold_context(proposer, target_positions, target_hidden_states, cad, by_reference)
+    hold_context(proposer, target_positions, target_hidden_states, cad)
 
 
 def plain_step(proposer, target_positions, target_hidden_states, cad) -> torch.Tensor:

@@ -20,7 +20,7 @@ import functools
 import torch
 
 from vllm_luce.patches import ledger_signature, wrap_method
-from vllm_luce.patches.dflash_proposer import hold_plain_step
+from vllm_luce.patches.dflash_proposer import deferred, hold_plain_step
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids"
 
@@ -43,6 +43,8 @@ def runner_holds_plain_steps(runner) -> bool:
             and runner.valid_sampled_token_count_event is None and not runner.use_async_spec_decode
             and not (runner.supports_mm_inputs and runner.drafter.supports_mm_inputs)
             and getattr(runner.get_model(), "get_mtp_target_hidden_states", None) is None)
+        if held:  # the drafter's store of held context, made here once
+            deferred(runner.drafter, by_reference=features_are_new_tensors(runner))
     return held
 
 
@@ -51,18 +53,14 @@ def features_are_new_tensors(runner) -> bool:
     step's drafter context can be held without copying them: the target layers' outputs on CPU (vLLM runs
     no CUDA graphs there, whose outputs are fixed buffers), unless one is layer 0's input, which can be the
     runner's input-embeddings buffer. The layers are read as vLLM's runner picks them (the drafter's config,
-    else the model's default); anything unexpected keeps the copying store. Worked out once."""
-    new = getattr(runner, "_luce_new_features", None)
-    if new is None:
-        try:
-            layers = (runner._get_eagle3_aux_layers_from_config()
-                      or runner.get_model().get_eagle3_default_aux_hidden_state_layers())
-            new = (runner.use_aux_hidden_state_outputs and torch.device(runner.device).type == "cpu"
-                   and 0 not in layers)
-        except AttributeError:
-            new = False
-        runner._luce_new_features = new
-    return new
+    else the model's default); anything unexpected keeps the copying store."""
+    try:
+        layers = (runner._get_eagle3_aux_layers_from_config()
+                  or runner.get_model().get_eagle3_default_aux_hidden_state_layers())
+        return bool(runner.use_aux_hidden_state_outputs and torch.device(runner.device).type == "cpu"
+                    and 0 not in layers)
+    except AttributeError:
+        return False
 
 
 def _make_wrapper(original):
@@ -77,8 +75,7 @@ def _make_wrapper(original):
         self._draft_probs = self._draft_prob_req_ids = None
         n = scheduler_output.total_num_scheduled_tokens
         features = aux_hidden_states if self.use_aux_hidden_state_outputs else hidden_states  # cut to n when held
-        hold_plain_step(self.drafter, self._get_positions(n), features, common_attn_metadata,
-                        features_are_new_tensors(self))
+        hold_plain_step(self.drafter, self._get_positions(n), features, common_attn_metadata)
         # No drafts, as an empty list: V1 keeps a list (a CPU drafter's per-request drafts) as it is, so this
         # skips the device-to-host copy of an empty draft tensor, and ``gpu_model_runner`` hands the
         # scheduler nothing to update. Measured on CPU at batch 16: about 70 us of a 3 ms step.

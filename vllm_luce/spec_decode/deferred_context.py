@@ -83,17 +83,13 @@ class DeferredContext:
             raise ValueError(f"DeferredContext needs max_tokens and max_bytes >= 1, got {max_tokens}, {max_bytes}")
         self.max_tokens, self.max_bytes = max_tokens, max_bytes
         self._buffers: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # features, positions, slots
+        self._kind: tuple | None = None  # width, dtype, device of the features held
+        self._rows = 0  # rows of that kind the limits allow
         self.steps = 0
         self.tokens = 0
 
     def __len__(self) -> int:
         return self.steps
-
-    def fits(self, features) -> bool:
-        """Whether holding ``features`` (one tensor, or parts to concatenate on the last dimension) too
-        stays within both limits."""
-        parts = _parts(features)
-        return self.tokens + parts[0].shape[0] <= self.capacity(parts)
 
     def capacity(self, features) -> int:
         """Rows of ``features``' width and type (one tensor, or parts) that both limits allow: the
@@ -101,16 +97,31 @@ class DeferredContext:
         parts = _parts(features)
         return min(self.max_tokens, self.max_bytes // (sum(p.shape[-1] for p in parts) * parts[0].element_size()))
 
+    def _admits(self, parts) -> bool:
+        """Whether these parts, after what is held, stay within the limits. A new kind of features (width,
+        type, device) is taken on when nothing is held; while something is, it is an error."""
+        first = parts[0]
+        kind = (sum(p.shape[-1] for p in parts), first.dtype, first.device)
+        if kind != self._kind:
+            if self.tokens:
+                raise ValueError(f"held features are {self._kind[0]} wide, {self._kind[1]}; these are {kind[0]} "
+                                 f"wide, {kind[1]}")
+            self._kind, self._rows, self._buffers = kind, self.capacity(parts), None
+        return self.tokens + first.shape[0] <= self._rows
+
     def hold(self, features, positions: torch.Tensor, slots: torch.Tensor) -> bool:
         """Keep one step's writes (copied: the caller's buffers are reused by the next step), or nothing and
         False if they would exceed the limits. ``features`` is one tensor, or parts concatenated on the last
         dimension (the target layers' outputs)."""
         parts = _checked_parts(features, positions, slots)
-        n = parts[0].shape[0]
-        feats, pos, slot = self._buffers_for(parts)
-        lo, hi = self.tokens, self.tokens + n
-        if hi > feats.shape[0]:  # the buffers hold what both limits allow
+        if not self._admits(parts):
             return False
+        if self._buffers is None:
+            index = dict(dtype=torch.long, device=parts[0].device)  # positions and slots, whatever their type
+            self._buffers = (parts[0].new_empty(self._rows, self._kind[0]), torch.empty(self._rows, **index),
+                             torch.empty(self._rows, **index))
+        feats, pos, slot = self._buffers
+        lo, hi = self.tokens, self.tokens + parts[0].shape[0]
         if len(parts) == 1:
             feats[lo:hi].copy_(parts[0])
         else:
@@ -120,19 +131,6 @@ class DeferredContext:
         self.steps += 1
         self.tokens = hi
         return True
-
-    def _buffers_for(self, parts):
-        width = sum(p.shape[-1] for p in parts)
-        b = self._buffers
-        if b is not None and (b[0].shape[1], b[0].dtype, b[0].device) == (width, parts[0].dtype, parts[0].device):
-            return b
-        if self.tokens:
-            raise ValueError(f"held features are {tuple(b[0].shape[1:])} {b[0].dtype}; these are {width} wide, "
-                             f"{parts[0].dtype}")
-        rows = self.capacity(parts)
-        index = dict(dtype=torch.long, device=parts[0].device)  # positions and slots, whatever their input type
-        self._buffers = (parts[0].new_empty(rows, width), torch.empty(rows, **index), torch.empty(rows, **index))
-        return self._buffers
 
     def take(self, block_table: torch.Tensor, block_size: int
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
@@ -165,19 +163,10 @@ class DeferredContextByReference(DeferredContext):
         self._held: list[tuple[torch.Tensor, ...]] = []
         self._positions: list[int] = []
         self._slots: list[int] = []
-        self._kind: tuple | None = None  # width, dtype, device of what is held
-        self._rows = 0  # what the limits allow of that kind
 
     def hold(self, features, positions: torch.Tensor, slots: torch.Tensor) -> bool:
         parts = _checked_parts(features, positions, slots)
-        first = parts[0]
-        kind = (sum(p.shape[-1] for p in parts), first.dtype, first.device)
-        if kind != self._kind:
-            if self.tokens:
-                raise ValueError(f"held features are {self._kind[0]} wide, {self._kind[1]}; these are {kind[0]} "
-                                 f"wide, {kind[1]}")
-            self._kind, self._rows = kind, self.capacity(parts)
-        if self.tokens + first.shape[0] > self._rows:
+        if not self._admits(parts):
             return False
         self._held.append(parts)
         self._positions += positions.tolist()
