@@ -12,8 +12,8 @@ For each pair, three engines live in one process: no speculation, DFlash with ev
 leaves fixed out (on a slow CPU, fixed DFlash on the trained pair ran at a quarter to a tenth of the
 others' speed). At each concurrency (requests submitted together) every engine runs a warm-up pass
 (the gate calibrates there), then the engines take turns for ``--repeats`` measured passes each, so
-a drift of the machine's speed reaches all three alike. The order rotates from round to round, so no engine always follows the
-same one. Throughput is generated tokens / wall seconds; a cell is the median of its passes (all of
+a drift of the machine's speed reaches all three alike. The order rotates from round to round, so no
+engine always follows the same one. Throughput is generated tokens / wall seconds; a cell is the median of its passes (all of
 them are in the JSON). A ratio is the median over rounds of the two engines' ratio within a round:
 this machine's speed changes by up to 2x for seconds at a time (other tenants of the host; CPU time
 slows with it), and passes of one round see the same speed. Goals (issue 4): gated >= 0.95x none
