@@ -94,14 +94,17 @@ def test_request_below_break_even_stops_drafting_then_retries():
     for _ in range(10):
         gate.decide(4, 100)
     assert gate.request_may_draft("bad")  # retried after retry_after steps
+    assert gate.stopped_requests() == 0 and gate.requests["bad"].low_streak == 0
 
 
 def test_forget_releases_request_state():
     gate = calibrated_gate(0.15, 0.10)
     for i in range(200):
-        gate.observe_request(f"r{i}", accepted=1, batch_size=4, context_tokens=100)
+        for _ in range(3):  # odd requests stay below break-even long enough to stop drafting
+            gate.observe_request(f"r{i}", accepted=i % 2 == 0, batch_size=4, context_tokens=100)
+        assert gate.request_may_draft(f"r{i}") == (i % 2 == 0)
         gate.forget(f"r{i}")
-    assert gate.requests == {}
+    assert gate.requests == {} and gate.stopped == {}
 
 
 def test_config_is_validated():

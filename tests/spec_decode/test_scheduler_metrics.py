@@ -50,7 +50,7 @@ def test_report_publishes_each_regimes_rates_and_back_to_back_speedup(monkeypatc
 def test_lookup_drafts_nothing_when_no_running_request_may_draft():
     from vllm_luce.spec_decode.gate import GateConfig, SpecGate
 
-    gate = SpecGate(GateConfig(patience=1, retry_after=1000))
+    gate = SpecGate(GateConfig(patience=1, retry_after=1000, min_samples=1))  # measured: speculation wins
     gate.observe(speculative=True, batch_size=2, context_tokens=0, committed_tokens=8, seconds=0.02)
     gate.observe(speculative=False, batch_size=2, context_tokens=0, committed_tokens=2, seconds=0.01)
     fake = SimpleNamespace(luce_gate=gate, running=[SimpleNamespace(request_id="a"), SimpleNamespace(request_id="b")],
@@ -63,3 +63,8 @@ def test_lookup_drafts_nothing_when_no_running_request_may_draft():
     assert lookup[2] == 0
     fake.running.append(SimpleNamespace(request_id="c"))  # a new request may draft
     assert lookup[3] == 15
+    gate.observe_request("c", accepted=0, batch_size=2, context_tokens=0)
+    fake.running[:] = [SimpleNamespace(request_id="a"), SimpleNamespace(request_id="d")]  # b and c wait
+    assert gate.stopped_requests() == 3 and lookup[2] == 15  # more stopped than running, but d may draft
+    fake.running.pop()
+    assert lookup[1] == 0

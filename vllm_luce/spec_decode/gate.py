@@ -180,7 +180,6 @@ class Regime:
 class RequestState:
     accepted: Average = field(default_factory=Average)
     low_streak: int = 0
-    stopped_at: int | None = None  # gate step at which its drafting stopped
 
 
 class SpecGate:
@@ -188,6 +187,7 @@ class SpecGate:
         self.config = config
         self.regimes: dict[tuple[int, int], Regime] = {}
         self.requests: dict[str, RequestState] = {}
+        self.stopped: dict[str, int] = {}  # requests not drafting -> the gate step they stopped at
         self.step = 0
         self.decisions = {"spec": 0, "plain": 0}
         self.explorations = 0
@@ -274,11 +274,12 @@ class SpecGate:
     # ------------------------------------------------------------------ per request
 
     def request_may_draft(self, request_id: str) -> bool:
-        state = self.requests.get(request_id)
-        if state is None or state.stopped_at is None:
+        stopped_at = self.stopped.get(request_id)
+        if stopped_at is None:
             return True
-        if self.step - state.stopped_at >= self.config.retry_after:
-            state.stopped_at, state.low_streak = None, 0
+        if self.step - stopped_at >= self.config.retry_after:
+            del self.stopped[request_id]
+            self.requests[request_id].low_streak = 0
             return True
         return False
 
@@ -290,11 +291,12 @@ class SpecGate:
         if threshold is None:
             return
         state.low_streak = state.low_streak + 1 if state.accepted.value < threshold else 0
-        if state.low_streak >= self.config.patience and state.stopped_at is None:
-            state.stopped_at = self.step
+        if state.low_streak >= self.config.patience and request_id not in self.stopped:
+            self.stopped[request_id] = self.step
 
     def forget(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
+        self.stopped.pop(request_id, None)
 
     # ------------------------------------------------------------------ reporting
 
@@ -304,7 +306,7 @@ class SpecGate:
         return self._latest
 
     def stopped_requests(self) -> int:
-        return sum(1 for s in self.requests.values() if s.stopped_at is not None)
+        return len(self.stopped)
 
     def summary(self) -> str:
         parts = []

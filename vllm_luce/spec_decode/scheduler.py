@@ -13,6 +13,7 @@ what each step cost and committed. Nothing in the workers changes.
 from __future__ import annotations
 
 import time
+from operator import attrgetter
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -24,6 +25,7 @@ from vllm_luce.spec_decode.gate import GateConfig, SpecGate
 LOG_EVERY_S = 10.0
 REPORT_EVERY_S = 0.25  # gate metrics while requests run; always when the engine drains
 RATES_EVERY_S = 1.0
+COMPUTED_TOKENS = attrgetter("num_computed_tokens")
 
 
 class GatedLookup:
@@ -34,8 +36,9 @@ class GatedLookup:
 
     def __getitem__(self, batch_size: int) -> int:
         s = self.scheduler
-        gate = s.luce_gate
-        drafting = any(gate.request_may_draft(r.request_id) for r in s.running)
+        gate, running = s.luce_gate, s.running
+        # With fewer requests stopped than running, one running request may draft: no need to look.
+        drafting = len(gate.stopped) < len(running) or any(gate.request_may_draft(r.request_id) for r in running)
         s._luce_context = s.luce_mean_context()  # the step's regime, observed with its outcome
         speculate = gate.decide(batch_size, s._luce_context, drafting)
         return s.luce_max_spec_tokens if speculate else 0
@@ -62,11 +65,11 @@ class DFlashGateMixin:
 
     def luce_mean_context(self) -> int:
         running = self.running
-        return sum(r.num_computed_tokens for r in running) // len(running) if running else 0
+        return sum(map(COMPUTED_TOKENS, running)) // len(running) if running else 0
 
     def schedule(self, *args, **kwargs):
         gate = self.luce_gate
-        for request in self.running:
+        for request in self.running if gate.stopped else ():
             if request.spec_token_ids and not gate.request_may_draft(request.request_id):
                 request.spec_token_ids = []  # verify nothing for it this step
         start = time.perf_counter()
