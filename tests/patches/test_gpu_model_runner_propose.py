@@ -133,3 +133,28 @@ def test_a_large_step_writes_what_is_held_then_its_own_context_at_once(monkeypat
     assert writes == [[200, 201], [202, 203, 204, 205, 206]] and P.deferred(proposer).tokens == 0
     step(207, 4)
     assert len(writes) == 2 and P.deferred(proposer).tokens == 4
+
+
+def test_the_store_by_reference_holds_large_steps_and_writes_only_live_requests(monkeypatch):
+    """Holding by reference copies nothing, so a prompt-sized step is held too; the next drafting step writes
+    the held rows of live requests only, and a request that finished in between costs no pass."""
+    from vllm_luce.patches import dflash_proposer as P
+    from vllm_luce.spec_decode.deferred_context import DeferredContextByReference
+
+    writes = []
+    monkeypatch.setattr(P, "write_context", lambda proposer, f, pos, slots: writes.append(slots.tolist()))
+    proposer = SimpleNamespace(max_num_tokens=64, block_size=16, num_speculative_tokens=15, _last_draft_probs=None,
+                               _luce_deferred=DeferredContextByReference())
+
+    def cad(first_slot, n, table):
+        return SimpleNamespace(num_actual_tokens=n, slot_mapping=torch.arange(first_slot, first_slot + n),
+                               block_table_tensor=torch.tensor(table), num_reqs=len(table))
+
+    P.hold_plain_step(proposer, torch.arange(300), [torch.randn(300, 4)], cad(16, 300, [list(range(1, 20))]))
+    P.hold_plain_step(proposer, torch.arange(2), [torch.randn(2, 4)], cad(400, 2, [[25]]))  # blocks 1-19 freed
+    assert writes == [] and proposer._luce_deferred.tokens == 302
+    P.write_deferred(proposer, cad(401, 1, [[25]]))  # a drafting step: only block 25 is live
+    assert writes == [[400, 401]] and proposer._luce_deferred.tokens == 0
+    P.hold_plain_step(proposer, torch.arange(3), [torch.randn(3, 4)], cad(16, 3, [[1]]))
+    P.write_deferred(proposer, cad(416, 1, [[26]]))  # its request finished: no pass at all
+    assert writes == [[400, 401]]

@@ -23,7 +23,8 @@ TARGET = "vllm.v1.spec_decode.dflash:DFlashProposer.propose"
 # pass costs about the same for few tokens as for many (weight reads and launches); at many tokens a
 # step's pass is already efficient and holding adds copies and a take. Measured on an H100 with a
 # Qwen3-8B-DFlash shape (benchmarks/dflash_plain_step_gpu.py, three runs): holding cost 0.5-1.0x the
-# per-step pass up to 64 tokens, 1.1-1.3x at 128, 1.6-1.9x at 256.
+# per-step pass up to 64 tokens, 1.1-1.3x at 128, 1.6-1.9x at 256. For the copying store only: the store by
+# reference copies nothing when it holds, so it holds every step.
 DIRECT_WRITE_TOKENS = 128
 
 
@@ -32,8 +33,8 @@ def deferred(proposer, by_reference: bool = False) -> DeferredContext:
     that nothing writes after the step (``DeferredContextByReference``), otherwise copied into buffers."""
     held = getattr(proposer, "_luce_deferred", None)
     if held is None:
-        held = proposer._luce_deferred = (DeferredContextByReference if by_reference else DeferredContext)(
-            proposer.max_num_tokens)
+        held = proposer._luce_deferred = (DeferredContextByReference() if by_reference
+                                          else DeferredContext(proposer.max_num_tokens))
     return held
 
 
@@ -60,9 +61,9 @@ def first_rows(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
-    """Keep a plain step's context writes. A large step (``DIRECT_WRITE_TOKENS``), or one that would not fit,
-    writes what is held, then holds or writes its own. ``target_hidden_states`` is one tensor, or the
-    target layers' outputs (concatenated when held)."""
+    """Keep a plain step's context writes. A large step (``DIRECT_WRITE_TOKENS``, where the store copies),
+    or one that would not fit, writes what is held, then holds or writes its own. ``target_hidden_states``
+    is one tensor, or the target layers' outputs (concatenated when held)."""
     n = cad.num_actual_tokens
     positions = first_rows(target_positions[0] if target_positions.dim() == 2 else target_positions, n)
     features = ([first_rows(h, n) for h in target_hidden_states]
@@ -71,7 +72,7 @@ def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
     # slot in the target's slot mapping (vLLM's DFlash input kernel computes the same from the block table).
     slots = first_rows(cad.slot_mapping, n)
     held = deferred(proposer)
-    small = n < DIRECT_WRITE_TOKENS
+    small = n < DIRECT_WRITE_TOKENS or held.holds_large_steps
     if small and held.hold(features, positions, slots):
         return
     write_deferred(proposer, cad)  # the held writes first: they are older
