@@ -125,7 +125,7 @@ def test_drafts_are_the_same_with_plain_steps_context_held_and_written_each_step
         # The engine's first run drafts differently from later ones (cause not found; measured: three later
         # runs, either store, drafted identically), so the two stores run after it and must agree exactly.
         for mode, store in (("each step", DeferredContext(1, max_bytes=1)),
-                            ("held", DeferredContextByReference()),
+                            ("held", DeferredContextByReference(8 * proposer.max_num_tokens)),
                             ("in buffers", DeferredContext(proposer.max_num_tokens))):
             proposer._luce_deferred = store
             sched.dynamic_sd_lookup = AlternatingLookup(sched.luce_max_spec_tokens)

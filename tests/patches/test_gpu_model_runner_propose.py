@@ -90,7 +90,8 @@ def test_plain_steps_hold_features_by_reference_only_where_they_are_new_tensors(
     runner.get_model = lambda: SimpleNamespace(get_eagle3_default_aux_hidden_state_layers=lambda: default)
     assert features_are_new_tensors(runner) is expected
     if device == "cpu":
-        run(runner, scheduler_output)
+        scheduler_output.num_spec_tokens_to_schedule = 15  # the runner's first step drafts (vLLM's path)
+        assert run(runner, scheduler_output)[0] == "vllm's drafts"
         assert isinstance(deferred(runner.drafter), DeferredContextByReference) is expected
     bare, _ = make_runner()  # a runner without vLLM's methods keeps the copying store
     assert features_are_new_tensors(bare) is False

@@ -157,8 +157,9 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "runs no drafter. It keeps the step's target features, positions and drafter cache slots "
             "(spec_decode/deferred_context.py) and returns no drafts. The next drafting step, or a full "
             "store, first writes every held context in one pass (fc, hidden_norm, per-layer K/V), each "
-            "slot with its last write, then vLLM's own propose runs. A plain step of 128 tokens or more "
-            "writes at once, after what is held.",
+            "slot with its last write, then vLLM's own propose runs. With the copying store (GPU) a plain "
+            "step of 128 tokens or more writes at once, after what is held; the store by reference (CPU) "
+            "holds every step, and a finished request's held rows are never written.",
         remove_when="vLLM's DFlash proposer skips the drafter when no tokens are drafted.",
     ),
     LedgerEntry(

@@ -27,14 +27,19 @@ TARGET = "vllm.v1.spec_decode.dflash:DFlashProposer.propose"
 # reference copies nothing when it holds, so it holds every step.
 DIRECT_WRITE_TOKENS = 128
 
+# Rows the store by reference holds at most, in step token budgets: its full-store pass then costs at most
+# that many steps' worth of context rows (a latency spike bounded like a few prefill chunks'), and a batch
+# of 64 short requests (prompt and 192 tokens each, the CPU throughput benchmark) fits in one.
+HELD_STEP_BUDGETS = 8
+
 
 def deferred(proposer, by_reference: bool = False) -> DeferredContext:
     """The proposer's store, made on first use: ``by_reference`` where each step's features are new tensors
     that nothing writes after the step (``DeferredContextByReference``), otherwise copied into buffers."""
     held = getattr(proposer, "_luce_deferred", None)
     if held is None:
-        held = proposer._luce_deferred = (DeferredContextByReference() if by_reference
-                                          else DeferredContext(proposer.max_num_tokens))
+        held = proposer._luce_deferred = (DeferredContextByReference(HELD_STEP_BUDGETS * proposer.max_num_tokens)
+                                          if by_reference else DeferredContext(proposer.max_num_tokens))
     return held
 
 

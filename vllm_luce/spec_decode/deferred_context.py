@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 DEFAULT_MAX_BYTES = 64 << 20  # feature bytes held at most, on the device
-HOST_MAX_BYTES = 256 << 20  # feature bytes the store by reference holds at most, in host memory (no row limit)
+HOST_MAX_BYTES = 256 << 20  # feature bytes the store by reference holds at most, in host memory
 
 
 PADDING_SLOT = -1  # vLLM's padding slot: its cache-write kernels skip it (CUDA's and CPU's alike)
@@ -161,9 +161,9 @@ class DeferredContextByReference(DeferredContext):
     forwards, a torch call costs 10-15 us there, and copying into buffers held 36-67 us a step against
     12-14. A take concatenates the held steps: one call per target layer and one across them.
 
-    Holding copies nothing, so steps of any size are held (prompts included) up to ``max_bytes`` of
-    features, with no row limit by default, and a take removes the writes to drop instead of marking
-    them: on the host, counting them needs no device sync. A request that finishes while the gate runs
+    Holding copies nothing, so steps of any size are held (prompts included), up to ``max_bytes`` of
+    features (in host memory) and ``max_tokens`` rows, and a take removes the writes to drop instead of
+    marking them: on the host, counting them needs no device sync. A request that finishes while the gate runs
     plain then never costs a drafter context pass: measured at batch 64 on a 2-core CPU, those passes
     (the prompts' and each full store's) averaged 1.0 ms of a 15 ms plain step."""
 
