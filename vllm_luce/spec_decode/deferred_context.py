@@ -163,9 +163,9 @@ class DeferredContextByReference(DeferredContext):
 
     Holding copies nothing, so steps of any size are held (prompts included), up to ``max_bytes`` of
     features (in host memory) and ``max_tokens`` rows, and a take removes the writes to drop instead of
-    marking them: on the host, counting them needs no device sync. A request that finishes while the gate runs
-    plain then never costs a drafter context pass: measured at batch 64 on a 2-core CPU, those passes
-    (the prompts' and each full store's) averaged 1.0 ms of a 15 ms plain step."""
+    marking them: on the host, counting them needs no device sync. A request that finishes while the
+    gate runs plain then never costs a drafter context pass: measured at batch 64 on a 2-core CPU, those
+    passes (the prompts' and each full store's) averaged 1.0 ms of a 15 ms plain step."""
 
     holds_large_steps = True
 

@@ -69,9 +69,10 @@ class DFlashGateMixin:
 
     def schedule(self, *args, **kwargs):
         gate = self.luce_gate
-        for request in self.running if gate.stopped else ():
-            if request.spec_token_ids and not gate.request_may_draft(request.request_id):
-                request.spec_token_ids = []  # verify nothing for it this step
+        if gate.stopped:  # only a request the gate stopped loses its drafts
+            for request in self.running:
+                if request.spec_token_ids and not gate.request_may_draft(request.request_id):
+                    request.spec_token_ids = []  # verify nothing for it this step
         start = time.perf_counter()
         output = super().schedule(*args, **kwargs)
         at = self._luce_scheduled_at
