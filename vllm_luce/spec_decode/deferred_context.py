@@ -53,11 +53,15 @@ def last_writes(slots: torch.Tensor) -> torch.Tensor:
     return mask
 
 
+def writes_to_keep(slots: torch.Tensor, block_table: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Mask of the writes to keep: to a block in ``block_table``, and not overridden by a later write to
+    its slot."""
+    return in_live_blocks(slots, block_table, block_size) & last_writes(slots)
+
+
 def live_last_writes(slots: torch.Tensor, block_table: torch.Tensor, block_size: int) -> torch.Tensor:
-    """``slots`` with ``PADDING_SLOT`` for each write to drop: to a block not in ``block_table``, or
-    overridden by a later write to its slot."""
-    keep = in_live_blocks(slots, block_table, block_size) & last_writes(slots)
-    return torch.where(keep, slots, PADDING_SLOT)
+    """``slots`` with ``PADDING_SLOT`` for each write to drop (``writes_to_keep``)."""
+    return torch.where(writes_to_keep(slots, block_table, block_size), slots, PADDING_SLOT)
 
 
 def _parts(features) -> tuple[torch.Tensor, ...]:
@@ -194,7 +198,7 @@ class DeferredContextByReference(DeferredContext):
         self.clear()
         index = dict(dtype=torch.long, device=device)
         slots = torch.tensor(slots, **index)
-        keep = in_live_blocks(slots, block_table, block_size) & last_writes(slots)
+        keep = writes_to_keep(slots, block_table, block_size)
         kept = int(keep.sum())
         if not kept:
             return None
