@@ -77,11 +77,11 @@ def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
     # slot in the target's slot mapping (vLLM's DFlash input kernel computes the same from the block table).
     slots = first_rows(cad.slot_mapping, n)
     held = deferred(proposer)
-    small = n < DIRECT_WRITE_TOKENS or held.holds_large_steps
-    if small and held.hold(features, positions, slots):
+    holdable = n < DIRECT_WRITE_TOKENS or held.holds_large_steps
+    if holdable and held.hold(features, positions, slots):
         return
     write_deferred(proposer, cad)  # the held writes first: they are older
-    if not (small and held.hold(features, positions, slots)):  # a large step, or one larger than the store
+    if not (holdable and held.hold(features, positions, slots)):  # a large step to copy, or larger than the store
         write_context(proposer, features, positions, slots)
 
 
