@@ -12,4 +12,4 @@ python -m pytest tests -q --ignore=tests/kernels --ignore=tests/e2e "$@"
 echo "== tier 2: Triton kernels under the interpreter (TRITON_INTERPRET=1)"
 TRITON_INTERPRET=1 python -m pytest tests/kernels -q "$@"
 echo "== tier 3: end to end through real vLLM (in-process LLM, vllm serve + openai client)"
-python -m pytest tests/e2e -q "$@"
+python -m pytest tests/e2e -q --durations=25 "$@"  # the slowest, for CI time (docs/ci.md)
