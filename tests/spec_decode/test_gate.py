@@ -203,3 +203,17 @@ def test_a_batch_whose_requests_all_stopped_drafting_runs_plain_until_one_may_dr
     assert not any(gate.decide(1, 2048, drafting=False) for _ in range(50)) and not gate.speculating
     assert gate.decisions["plain"] - before["plain"] == 50 and gate.decisions["spec"] == before["spec"]
     assert sum(gate.decide(1, 2048) for _ in range(50)) >= 45  # speculation resumes when a request may draft
+
+
+def test_steps_with_prompt_tokens_are_a_regime_of_their_own():
+    """Between prompts speculation wins; in steps that also carry a prompt chunk it loses. The gate learns both."""
+    gate = SpecGate(GateConfig())
+    for _ in range(300):
+        for prompt, spec_rate in ((False, 300.0), (True, 50.0)):
+            spec = gate.decide(4, 2048, prompt=prompt)
+            rate = spec_rate if spec else 100.0
+            gate.observe(speculative=spec, batch_size=4, context_tokens=2048, committed_tokens=4, seconds=4 / rate,
+                         prompt=prompt)
+    assert gate.regimes[SpecGate.regime_key(4, 2048)].winner() is True
+    assert gate.regimes[SpecGate.regime_key(4, 2048, prompt=True)].winner() is False
+    assert "+prompt" in gate.summary()

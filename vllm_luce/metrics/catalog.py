@@ -12,11 +12,12 @@ CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
     "dflash_gate_explorations": ("counter", (), "Gate steps that re-measured the mode currently losing."),
     "dflash_gate_speculating": ("gauge", (), "1 if the gate's latest decision was to speculate, else 0."),
     "dflash_gate_rate_tokens_per_second": (
-        "gauge", ("mode", "batch_le", "context_le_k"),
+        "gauge", ("mode", "batch_le", "context_le_k", "with_prompt"),
         "The gate's smoothed committed tokens per second per regime (batch size and context in K tokens, "
-        "bucketed to powers of two) and mode."),
+        "bucketed to powers of two; with_prompt: steps that also carried prompt tokens, counted as committed) "
+        "and mode."),
     "dflash_gate_speedup": (
-        "gauge", ("batch_le", "context_le_k"),
+        "gauge", ("batch_le", "context_le_k", "with_prompt"),
         "The gate's verdict per regime: speculative over plain committed-token rate, from runs of the two modes "
         "measured back to back (speculation runs where it is at least 1)."),
     "dflash_requests_not_drafting": ("gauge", (), "Running requests whose drafting the gate stopped for low acceptance."),

@@ -3,9 +3,9 @@
 Speculation pays when it commits more tokens per second than plain decoding. Which one does
 depends on batch size, context length, the drafter, the text and the hardware, so the gate does
 not guess: it measures both. Per regime (batch size and context length bucketed to powers of
-two) it keeps a smoothed rate of committed tokens per second for speculative steps and for plain
-steps, runs whichever is faster, and still runs the other one now and then so a stale estimate
-cannot lock a regime into the wrong mode.
+two, and whether the step also carries prompt tokens) it keeps a smoothed rate of committed tokens
+per second for speculative steps and for plain steps, runs whichever is faster, and still runs the
+other one now and then so a stale estimate cannot lock a regime into the wrong mode.
 
 Exploring costs time, so a budget sets its interval. A run of the losing mode costs ``run_length``
 of its steps at the losing rate, and one more: the step after the run still does the loser's work
@@ -197,11 +197,11 @@ class SpecGate:
         self._samples = 0  # clean samples observed, all regimes: the clock of back-to-back pairs
 
     @staticmethod
-    def regime_key(batch_size: int, context_tokens: int) -> tuple[int, int]:
-        return bucket(batch_size), bucket(context_tokens // 1024)
+    def regime_key(batch_size: int, context_tokens: int, prompt: bool = False) -> tuple[int, int, bool]:
+        return bucket(batch_size), bucket(context_tokens // 1024), prompt
 
-    def regime(self, batch_size: int, context_tokens: int) -> Regime:
-        key = self.regime_key(batch_size, context_tokens)
+    def regime(self, batch_size: int, context_tokens: int, prompt: bool = False) -> Regime:
+        key = self.regime_key(batch_size, context_tokens, prompt)
         r = self.regimes.get(key)
         if r is None:  # not setdefault: building a Regime costs more than the rest of a decision
             r = self.regimes[key] = Regime()
@@ -209,25 +209,26 @@ class SpecGate:
 
     # ------------------------------------------------------------------ batch decision
 
-    def decide(self, batch_size: int, context_tokens: int, drafting: bool = True) -> bool:
+    def decide(self, batch_size: int, context_tokens: int, drafting: bool = True, prompt: bool = False) -> bool:
         """Speculate on the next step of a batch of this size and mean context? ``drafting``: whether any
         request of the batch may draft (``request_may_draft``). With none, a speculative step would draft
-        for nothing and verify nothing, so the step runs plain; the run resumes once one may draft."""
-        choice = self._choose(batch_size, context_tokens) and drafting
+        for nothing and verify nothing, so the step runs plain; the run resumes once one may draft.
+        ``prompt``: the step will also carry prompt tokens (a regime of its own, see ``observe``)."""
+        choice = self._choose(batch_size, context_tokens, prompt) and drafting
         self.decisions["spec" if choice else "plain"] += 1
         self._latest = choice
         return choice
 
-    def _choose(self, batch_size: int, context_tokens: int) -> bool:
+    def _choose(self, batch_size: int, context_tokens: int, prompt: bool) -> bool:
         self.step += 1
-        r = self.regime(batch_size, context_tokens)
+        r = self.regime(batch_size, context_tokens, prompt)
         r.steps += 1
         if self._hold > 0:
             self._hold -= 1
             return self._mode
         spec_n, plain_n = r.spec_rate.samples, r.plain_rate.samples
         if min(spec_n, plain_n) < self.config.min_samples:
-            prior = self.plain_prior(batch_size, context_tokens) if spec_n == 0 and r.runs[True] == 0 else None
+            prior = self.plain_prior(batch_size, context_tokens, prompt) if spec_n == 0 and r.runs[True] == 0 else None
             if prior is not None and r.steps <= prior:
                 choice = False  # a smaller batch runs plain here: so does this one, until its first exploration
             else:
@@ -246,24 +247,29 @@ class SpecGate:
         self._mode, self._hold = choice, self.config.run_length - 1
         return choice
 
-    def plain_prior(self, batch_size: int, context_tokens: int) -> int | None:
+    def plain_prior(self, batch_size: int, context_tokens: int, prompt: bool = False) -> int | None:
         """Steps a new regime runs plain before calibrating, when a measured smaller batch at its context
         runs plain: speculation pays less as the batch grows (verifying scales with the batch, acceptance
         does not), so calibrating a larger batch from scratch spends its costliest steps on a known loser.
         The largest such batch's exploration interval; None when there is none."""
-        b, c = self.regime_key(batch_size, context_tokens)
-        smaller = [(bb, r) for (bb, cc), r in self.regimes.items() if cc == c and bb < b and r.winner() is False]
+        b, c, p = self.regime_key(batch_size, context_tokens, prompt)
+        smaller = [(bb, r) for (bb, cc, pp), r in self.regimes.items()
+                   if cc == c and pp == p and bb < b and r.winner() is False]
         if not smaller:
             return None
         _, r = max(smaller, key=lambda item: item[0])
         return r.explore_interval(self.config)
 
     def observe(self, *, speculative: bool, batch_size: int, context_tokens: int, committed_tokens: int,
-                seconds: float) -> None:
-        """One finished step: its mode, its batch, the tokens it committed and its wall time."""
+                seconds: float, prompt: bool = False) -> None:
+        """One finished step: its mode, its batch, the tokens it committed and its wall time. A step that also
+        carried prompt tokens (``prompt``) counts them as committed: it is measured in a regime of its own,
+        where both modes are charged for the same kind of work. There the verify rows' tokens compete with
+        the prompt chunk for the step's token budget and compute, so speculation can lose where it wins
+        between prompts."""
         if seconds <= 0 or committed_tokens <= 0 or batch_size <= 0:
             return
-        r = self.regime(batch_size, context_tokens)
+        r = self.regime(batch_size, context_tokens, prompt)
         w = self.config.smoothing
         rate, step_s = (r.spec_rate, r.spec_step_s) if speculative else (r.plain_rate, r.plain_step_s)
         rate.add(committed_tokens / seconds, w)
@@ -283,11 +289,12 @@ class SpecGate:
             return True
         return False
 
-    def observe_request(self, request_id: str, accepted: int, batch_size: int, context_tokens: int) -> None:
+    def observe_request(self, request_id: str, accepted: int, batch_size: int, context_tokens: int,
+                        prompt: bool = False) -> None:
         """A verify step of one request: ``accepted`` of its drafts were accepted."""
         state = self.requests.setdefault(request_id, RequestState())
         state.accepted.add(float(accepted), self.config.smoothing)
-        threshold = self.regime(batch_size, context_tokens).break_even()
+        threshold = self.regime(batch_size, context_tokens, prompt).break_even()
         if threshold is None:
             return
         state.low_streak = state.low_streak + 1 if state.accepted.value < threshold else 0
@@ -310,11 +317,11 @@ class SpecGate:
 
     def summary(self) -> str:
         parts = []
-        for (b, c), r in sorted(self.regimes.items()):
+        for (b, c, p), r in sorted(self.regimes.items()):
             w = r.winner()
             mode = "calibrating" if w is None else ("spec" if w else "plain")
             paired = f", back to back x{math.exp(r.advantage.value):.2f}" if r.advantage.samples else ""
-            parts.append(f"batch<={b} ctx<={c}K: spec {r.spec_rate.value:.1f} tok/s vs plain "
+            parts.append(f"batch<={b} ctx<={c}K{' +prompt' if p else ''}: spec {r.spec_rate.value:.1f} tok/s vs plain "
                          f"{r.plain_rate.value:.1f} tok/s{paired} -> {mode}")
         return (f"gate: {self.decisions['spec']} spec / {self.decisions['plain']} plain steps, "
                 f"{self.explorations} explorations, {self.stopped_requests()} requests not drafting; "

@@ -40,7 +40,7 @@ class GatedLookup:
         # With fewer requests stopped than running, one running request may draft: no need to look.
         drafting = len(gate.stopped) < len(running) or any(gate.request_may_draft(r.request_id) for r in running)
         s._luce_context = s.luce_mean_context()  # the step's regime, observed with its outcome
-        speculate = gate.decide(batch_size, s._luce_context, drafting)
+        speculate = gate.decide(batch_size, s._luce_context, drafting, s.luce_prompt_pending())
         return s.luce_max_spec_tokens if speculate else 0
 
 
@@ -66,6 +66,12 @@ class DFlashGateMixin:
     def luce_mean_context(self) -> int:
         running = self.running
         return sum(map(COMPUTED_TOKENS, running)) // len(running) if running else 0
+
+    def luce_prompt_pending(self) -> bool:
+        """Whether the step that verifies this step's drafts will likely carry prompt tokens too: a request
+        waits, or a running one has more than its newest token left to compute (a prompt in chunks, or a
+        request resumed after preemption). Read before this step's tokens are counted computed."""
+        return bool(self.waiting) or any(r.num_tokens - r.num_computed_tokens > 1 for r in self.running)
 
     def schedule(self, *args, **kwargs):
         gate = self.luce_gate
@@ -98,24 +104,26 @@ class DFlashGateMixin:
         spec = scheduler_output.scheduled_spec_decode_tokens
         if not scheduled or not sampled or started is None:
             return
-        batch, context = len(scheduled), self._luce_context
+        batch, context, total = len(scheduled), self._luce_context, scheduler_output.total_num_scheduled_tokens
+        # Unless every row decodes (one token plus its drafts), the step carries prompt tokens: its own regime.
+        prompt = total != batch + sum(map(len, spec.values()))
+        rejected = 0
         for req_id, drafts in spec.items():
             i = index.get(req_id)
             if i is not None and i < len(sampled) and drafts:
                 accepted = max(0, len(sampled[i]) - 1)
-                self.luce_gate.observe_request(req_id, accepted, batch, context)
+                rejected += len(drafts) - accepted
+                self.luce_gate.observe_request(req_id, accepted, batch, context, prompt)
                 self._luce_count_verify(len(drafts), accepted)
-        # A clean sample verifies and drafts in the same mode, with no prompt tokens in the step.
+        # A clean sample verifies and drafts in the same mode.
         verified = bool(spec)
         drafted = scheduler_output.num_spec_tokens_to_schedule > 0
-        # Every row decodes: one token, plus its drafts (a row schedules at least that many).
-        decode_only = scheduler_output.total_num_scheduled_tokens == batch + sum(map(len, spec.values()))
-        if verified == drafted and decode_only:
+        if verified == drafted:
             now = time.perf_counter()
             seconds = now - max(started, self._luce_last_update)
-            committed = sum(map(len, sampled))  # V1's batch holds exactly the scheduled requests
+            # Scheduled tokens less rejected drafts: a decode row's 1 + accepted, a prompt chunk's tokens.
             self.luce_gate.observe(speculative=verified, batch_size=batch, context_tokens=context,
-                                   committed_tokens=committed, seconds=seconds)
+                                   committed_tokens=total - rejected, seconds=seconds, prompt=prompt)
         if time.monotonic() - self._luce_last_log >= LOG_EVERY_S:
             self._luce_last_log = time.monotonic()
             logger.info("%s: %s", tag(), self.luce_gate.summary())
@@ -154,14 +162,14 @@ class DFlashGateMixin:
         self._luce_rates_at = time.monotonic()
         metrics.remove_gauges("dflash_gate_rate_tokens_per_second")
         metrics.remove_gauges("dflash_gate_speedup")
-        for (b, c), r in sorted(gate.regimes.items()):
+        for (b, c, p), r in sorted(gate.regimes.items()):
+            regime = {"batch_le": b, "context_le_k": c, "with_prompt": str(p).lower()}
             for mode, rate in (("spec", r.spec_rate), ("plain", r.plain_rate)):
                 if rate.samples:
-                    metrics.set_gauge("dflash_gate_rate_tokens_per_second", rate.value, mode=mode, batch_le=b,
-                                      context_le_k=c, **labels)
+                    metrics.set_gauge("dflash_gate_rate_tokens_per_second", rate.value, mode=mode, **regime, **labels)
             speedup = r.speedup()
             if speedup is not None:
-                metrics.set_gauge("dflash_gate_speedup", speedup, batch_le=b, context_le_k=c, **labels)
+                metrics.set_gauge("dflash_gate_speedup", speedup, **regime, **labels)
 
     def _luce_release_finished(self) -> None:
         gate = self.luce_gate
