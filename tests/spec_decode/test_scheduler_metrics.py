@@ -76,7 +76,8 @@ def _step(spec_drafts: dict, scheduled: dict, sampled: dict, drafting: bool):
     out = SimpleNamespace(num_scheduled_tokens=scheduled, scheduled_spec_decode_tokens=spec_drafts,
                           total_num_scheduled_tokens=sum(scheduled.values()),
                           num_spec_tokens_to_schedule=15 if drafting else 0)
-    result = SimpleNamespace(sampled_token_ids=[sampled[r] for r in order], req_id_to_index={r: i for i, r in enumerate(order)})
+    result = SimpleNamespace(sampled_token_ids=[sampled[r] for r in order],
+                             req_id_to_index={r: i for i, r in enumerate(order)})
     return out, result
 
 

@@ -321,8 +321,8 @@ class SpecGate:
             w = r.winner()
             mode = "calibrating" if w is None else ("spec" if w else "plain")
             paired = f", back to back x{math.exp(r.advantage.value):.2f}" if r.advantage.samples else ""
-            parts.append(f"batch<={b} ctx<={c}K{' +prompt' if p else ''}: spec {r.spec_rate.value:.1f} tok/s vs plain "
-                         f"{r.plain_rate.value:.1f} tok/s{paired} -> {mode}")
+            parts.append(f"batch<={b} ctx<={c}K{' +prompt' if p else ''}: spec {r.spec_rate.value:.1f} tok/s vs "
+                         f"plain {r.plain_rate.value:.1f} tok/s{paired} -> {mode}")
         return (f"gate: {self.decisions['spec']} spec / {self.decisions['plain']} plain steps, "
                 f"{self.explorations} explorations, {self.stopped_requests()} requests not drafting; "
                 + ("; ".join(parts) or "no regimes yet"))
