@@ -51,3 +51,23 @@ def test_calls_the_c_op_cannot_serve_go_to_vllms_loop():
     wrapper(**args, activation="gelu")
     wrapper(**{**args, "cache_indices": torch.tensor([-1], dtype=torch.int32)})  # a padded row: the C++ op would
     assert len(calls) == 5  # write before the buffer (heap corruption, seen here), vLLM's loop skips it
+
+
+@pytest.mark.skipif(cpp_conv_supported(), reason="only CPUs without bf16 dot products convolve in float32")
+def test_without_bf16_dot_products_the_loop_convolves_in_float32():
+    g = torch.Generator().manual_seed(2)
+    args = case(g, [5, 17, 1, 0, 9], [3, 7, 1, 2, 5], [True, False, True, True, False])
+    original = getattr(G.causal_conv1d_torch, "__wrapped__", G.causal_conv1d_torch)
+    seen = []
+
+    def spy(x, weight, bias, *rest, **kwargs):
+        seen.append((weight.dtype, bias.dtype))
+        return original(x, weight, bias, *rest, **kwargs)
+
+    ours_states, vllms_states = args["conv_states"].clone(), args["conv_states"].clone()
+    ours = P._make_wrapper(spy)(**{**args, "conv_states": ours_states}, activation="silu")
+    vllms = original(**{**args, "conv_states": vllms_states}, activation="silu")
+    assert seen == [(torch.float32, torch.float32)]
+    assert ours.dtype == torch.bfloat16 and torch.isfinite(ours.float()).all()
+    torch.testing.assert_close(ours.float(), vllms.float(), rtol=2e-2, atol=4e-2)
+    assert torch.equal(ours_states, vllms_states)  # the history is the inputs themselves

@@ -122,7 +122,9 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "the CPU has vLLM's C++ conv (bf16 dot products), a call it can serve (slots and initial-state flags "
             "given, no padded row, x the transposed view vLLM passes, silu or no activation) runs that op on "
             "the buffer's first width - 1 columns, which is where the loop reads and writes the history. Other "
-            "calls, and other CPUs, run vLLM's loop (the C++ op does not skip padded rows).",
+            "calls, and other CPUs, run vLLM's loop (the C++ op does not skip padded rows). On CPUs without "
+            "bf16 dot products (every engine prefills through the loop there) the loop gets float32 weights: "
+            "its bf16 depthwise conv runs channel by channel, 16.6 ms a layer for 16 prompts of 220 tokens.",
         remove_when="vLLM's CPU GDN speculative paths use the C++ conv wherever its non-speculative path does.",
     ),
     LedgerEntry(
@@ -221,6 +223,38 @@ LEDGER: tuple[LedgerEntry, ...] = (
         how="On CPU only, wraps rms_norm: a 2-D weight is applied row by row to the matching outermost slice. "
             "Any other call goes to vLLM's op unchanged.",
         remove_when="vLLM's CPU rms_norm kernel supports grouped (2-D) weights.",
+    ),
+    LedgerEntry(
+        target="vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm",
+        signature="(layer: torch.nn.modules.module.Module, remove_weight: bool) -> None",
+        module="vllm_luce.patches.cpu_bf16_linear",
+        why="On x86 CPUs without AVX512-BF16 or AMX, oneDNN cannot build vLLM's bf16 matmul and vLLM falls back "
+            "to torch.nn.functional.linear in bf16, which PyTorch emulates: 4-12x slower than float32 on this "
+            "project's AVX2 CI hosts (16 x 256 x 4096: 2.29 against 0.45 ms). It made the trained test model's "
+            "end-to-end tests about 3x slower than on a host with bf16 instructions.",
+        how="On such CPUs only, wraps the dispatch that sets each linear layer's cpu_linear at load: a 2-D bf16 "
+            "weight of at most 64 MiB as float32 gets a float32 copy (the bf16 weight is released where vLLM's "
+            "own prepacked paths release it), and the layer computes in float32 and rounds its output to bf16. "
+            "Other layers, dtypes and CPUs run vLLM's dispatch.",
+        remove_when="vLLM's CPU backend computes bf16 linears without emulation on CPUs lacking bf16 dot "
+                    "products (e.g. oneDNN's f32 fallback for bf16 matmul).",
+    ),
+    LedgerEntry(
+        target="vllm._custom_ops:chunk_gated_delta_rule_cpu",
+        signature="(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: "
+                  "torch.Tensor, initial_state: torch.Tensor, output_final_state: bool, cu_seqlens: torch.Tensor, "
+                  "head_first: bool, use_qk_l2norm_in_kernel: bool, initial_state_indices: torch.Tensor, "
+                  "eps: float = 1e-05) -> tuple[torch.Tensor, torch.Tensor]",
+        module="vllm_luce.patches.cpu_gdn_chunk",
+        why="vLLM's C++ chunked Gated DeltaNet prefill takes bf16 only, and on x86 CPUs without AVX512-BF16 or "
+            "AMX its bf16 arithmetic is emulated: 285-325 ms a layer for 16 prompts of 220 tokens on this "
+            "project's AVX2 CI hosts, the largest part of every hybrid-model prefill there.",
+        how="On such CPUs only, wraps the module function the CPU GDN paths call: bf16 calls with head_first "
+            "False and valid state slots run the same chunked delta rule in float32 PyTorch (64-token chunks, "
+            "one triangular solve each, state carried across chunks; 70-76 ms for the case above) and write "
+            "the final states in place as vLLM's kernel does. Other calls run vLLM's kernel.",
+        remove_when="vLLM's CPU GDN prefill kernel runs without bf16 emulation on CPUs lacking bf16 dot "
+                    "products.",
     ),
     LedgerEntry(
         target="vllm.utils.cpu_triton_utils:_expand_kernel_impl",
@@ -437,15 +471,16 @@ def apply_pflash_patches() -> None:
 
 
 def apply_patches() -> None:
-    from vllm_luce.patches import (cpu_expand_kernel, cpu_gdn_nonspec, cpu_gdn_prefill_conv, cpu_gdn_spec,
-                                   cpu_rms_norm, dflash_proposer, engine_args, gpu_model_runner,
-                                   gpu_model_runner_inputs, gpu_model_runner_kv_cache, gpu_model_runner_propose,
-                                   gpu_v2_model_runner_kv_cache, kv_cache_coordinator, rejection_sampler,
-                                   vllm_config)
+    from vllm_luce.patches import (cpu_bf16_linear, cpu_expand_kernel, cpu_gdn_chunk, cpu_gdn_nonspec,
+                                   cpu_gdn_prefill_conv, cpu_gdn_spec, cpu_rms_norm, dflash_proposer, engine_args,
+                                   gpu_model_runner, gpu_model_runner_inputs, gpu_model_runner_kv_cache,
+                                   gpu_model_runner_propose, gpu_v2_model_runner_kv_cache, kv_cache_coordinator,
+                                   rejection_sampler, vllm_config)
 
     vllm_config.apply()
     engine_args.apply()
-    for module in (cpu_expand_kernel, cpu_gdn_spec, cpu_gdn_nonspec, cpu_gdn_prefill_conv, cpu_rms_norm,
-                   gpu_model_runner, gpu_model_runner_kv_cache, gpu_v2_model_runner_kv_cache, dflash_proposer,
-                   gpu_model_runner_propose, gpu_model_runner_inputs, rejection_sampler, kv_cache_coordinator):
+    for module in (cpu_bf16_linear, cpu_gdn_chunk, cpu_expand_kernel, cpu_gdn_spec, cpu_gdn_nonspec,
+                   cpu_gdn_prefill_conv, cpu_rms_norm, gpu_model_runner, gpu_model_runner_kv_cache,
+                   gpu_v2_model_runner_kv_cache, dflash_proposer, gpu_model_runner_propose, gpu_model_runner_inputs,
+                   rejection_sampler, kv_cache_coordinator):
         when_imported(module.TARGET.split(":")[0], module.apply)
