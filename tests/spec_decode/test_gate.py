@@ -5,17 +5,17 @@ import pytest
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate, bucket
 
 
-def simulate(gate, steps, spec_tokens_per_s, plain_tokens_per_s, batch=4, context=2048):
+def simulate(gate, steps, spec_tokens_per_s, plain_tokens_per_s, batch=4, context=2048, prompt=False):
     """Drive the gate as the scheduler binding does: drafts of step t are verified at t + 1, and a
     step is a clean sample only when it verifies and drafts in the same mode. Returns the modes."""
     modes, drafted_before = [], False
     for _ in range(steps):
-        spec = gate.decide(batch, context)
+        spec = gate.decide(batch, context, prompt=prompt)
         if spec == drafted_before:  # clean: the rate of that mode
             rate = spec_tokens_per_s if spec else plain_tokens_per_s
             tokens = batch * (3 if spec else 1)
             gate.observe(speculative=spec, batch_size=batch, context_tokens=context,
-                         committed_tokens=tokens, seconds=tokens / rate)
+                         committed_tokens=tokens, seconds=tokens / rate, prompt=prompt)
         modes.append(spec)
         drafted_before = spec
     return modes
@@ -217,3 +217,19 @@ def test_steps_with_prompt_tokens_are_a_regime_of_their_own():
     assert gate.regimes[SpecGate.regime_key(4, 2048)].winner() is True
     assert gate.regimes[SpecGate.regime_key(4, 2048, prompt=True)].winner() is False
     assert "+prompt" in gate.summary()
+
+
+def test_a_prompt_step_starts_plain_where_the_same_batch_without_prompts_runs_plain():
+    config = GateConfig()
+    gate = SpecGate(config)
+    simulate(gate, 200, 50.0, 100.0, batch=8)  # between prompts plain wins 2x at batch 8
+    interval = gate.regimes[SpecGate.regime_key(8, 2048)].explore_interval(config)
+    assert gate.plain_prior(8, 2048, prompt=True) == interval == gate.plain_prior(16, 2048, prompt=True)
+    modes = [gate.decide(8, 2048, prompt=True) for _ in range(interval)]
+    assert not any(modes)  # no costly calibration step before its first exploration
+    # The prior runs one way only: a step without prompts never inherits from one with them, nor from a
+    # larger batch, nor across contexts.
+    other = SpecGate(config)
+    simulate(other, 200, 50.0, 100.0, batch=8, prompt=True)
+    assert other.plain_prior(8, 2048) is None and other.plain_prior(4, 2048, prompt=True) is None
+    assert gate.plain_prior(4, 2048, prompt=True) is None and gate.plain_prior(8, 40_000, prompt=True) is None

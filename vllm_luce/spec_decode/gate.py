@@ -19,8 +19,9 @@ once in 1,800 steps (4 x 6 x 0.75 / 0.01). The budget, 1%, is the best of 0.5, 1
 slowest to notice text that turned speculation into the winner.
 
 A regime without samples of both modes alternates until it has ``min_samples`` of each, except a
-larger batch than one that already runs plain at its context: it starts plain and calibrates at its
-first exploration (``plain_prior``). A decision holds for ``run_length`` steps: drafts made in one
+larger batch than one that already runs plain at its context, or a step with prompt tokens where the
+same batch without them runs plain: it starts plain and calibrates at its first exploration
+(``plain_prior``). A decision holds for ``run_length`` steps: drafts made in one
 step are verified in the next, so the first step of a run is a transition (the binding reports it
 as neither mode) and the rest are clean samples.
 
@@ -248,16 +249,18 @@ class SpecGate:
         return choice
 
     def plain_prior(self, batch_size: int, context_tokens: int, prompt: bool = False) -> int | None:
-        """Steps a new regime runs plain before calibrating, when a measured smaller batch at its context
-        runs plain: speculation pays less as the batch grows (verifying scales with the batch, acceptance
-        does not), so calibrating a larger batch from scratch spends its costliest steps on a known loser.
-        The largest such batch's exploration interval; None when there is none."""
+        """Steps a new regime runs plain before calibrating, when a measured regime that speculation suits at
+        least as well runs plain at its context: a smaller batch (verifying scales with the batch, acceptance
+        does not), or, for a step with prompt tokens, the same or a smaller batch without them (the prompt
+        chunk is work both modes share, and verify rows take its token budget). Calibrating from scratch
+        would spend its costliest steps on a known loser. The exploration interval of the largest such batch;
+        None when there is none."""
         b, c, p = self.regime_key(batch_size, context_tokens, prompt)
-        smaller = [(bb, r) for (bb, cc, pp), r in self.regimes.items()
-                   if cc == c and pp == p and bb < b and r.winner() is False]
-        if not smaller:
+        easier = [((bb, pp), r) for (bb, cc, pp), r in self.regimes.items()
+                  if cc == c and (bb < b and pp == p or p and not pp and bb <= b) and r.winner() is False]
+        if not easier:
             return None
-        _, r = max(smaller, key=lambda item: item[0])
+        _, r = max(easier, key=lambda item: item[0])
         return r.explore_interval(self.config)
 
     def observe(self, *, speculative: bool, batch_size: int, context_tokens: int, committed_tokens: int,

@@ -1,0 +1,112 @@
+"""vLLM's bf16 CPU paths against vllm-luce's float32 replacements on a CPU without bf16 dot products
+(patches cpu_bf16_linear, cpu_gdn_prefill_conv, cpu_gdn_chunk), each pair timed in the same run, alternating.
+
+    python -m benchmarks.cpu_bf16_fallbacks [--repeats 5]
+
+Shapes are the trained Qwen3.6 test model's (hidden 256, MLP 512, vocabulary 4096, GDN 2 heads of 128, conv
+width 4 over 768 channels) and one 4096-wide layer. Prints median ms and vLLM / ours (above 1: ours is faster).
+Then end to end: 16 prompts of about 220 tokens and 40 greedy tokens through an in-process ``LLM`` on the
+trained target, in two child processes one after the other: vllm-luce without these three patches (on such a
+CPU the conv patch does nothing else), then with them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def median_ms(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def pairs(repeats: int) -> list[tuple[str, float, float]]:
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import causal_conv1d_fn_cpu
+
+    from vllm_luce.patches import cpu_bf16_linear, cpu_gdn_chunk
+
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for m, k, n in ((1, 256, 512), (16, 256, 512), (16, 256, 4096), (320, 256, 1024), (16, 4096, 4096)):
+        x, w = torch.randn(m, k, generator=g).bfloat16(), torch.randn(n, k, generator=g).bfloat16()
+        ours = cpu_bf16_linear.float32_linear(w, None)
+        rows.append((f"linear {m} x {k} x {n}", median_ms(lambda: torch.nn.functional.linear(x, w), repeats),
+                     median_ms(lambda: ours(x, w, None), repeats)))
+
+    lens, dim = [220] * 16, 768
+    qsl = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+    x = torch.randn(sum(lens), dim, generator=g).bfloat16().transpose(0, 1)
+    weight, bias = torch.randn(dim, 4, generator=g).bfloat16(), torch.randn(dim, generator=g).bfloat16()
+    states = torch.zeros(16, dim, 3, dtype=torch.bfloat16)
+    slots, initial = torch.arange(16, dtype=torch.int32), torch.zeros(16, dtype=torch.bool)
+
+    def conv(w, b):
+        return lambda: causal_conv1d_fn_cpu(x, w, b, states, qsl, slots, initial, "silu", -1)
+
+    rows.append(("GDN prefill conv, 16 x 220 tokens", median_ms(conv(weight, bias), repeats),
+                 median_ms(conv(weight.float(), bias.float()), repeats)))
+
+    t, h, d = sum(lens), 2, 128
+    q, kk, v = (torch.randn(1, t, h, d, generator=g).bfloat16() for _ in range(3))
+    decay, beta = -torch.rand(1, t, h, generator=g) * 0.5, torch.rand(1, t, h, generator=g).bfloat16()
+    state = torch.zeros(16, h, d, d, dtype=torch.bfloat16)
+    args = (q, kk, v, decay, beta, state, True, qsl, False, True, slots)
+    original = getattr(ops.chunk_gated_delta_rule_cpu, "__wrapped__", ops.chunk_gated_delta_rule_cpu)
+    rows.append(("chunked GDN prefill, 16 x 220 tokens", median_ms(lambda: original(*args), repeats),
+                 median_ms(lambda: cpu_gdn_chunk.chunk_gated_delta_rule(*args), repeats)))
+    return rows
+
+
+END_TO_END = """
+import os, sys, time
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+if sys.argv[1] == "vllm":  # keep vllm-luce's other patches, drop the three float32 ones
+    from vllm_luce.patches import cpu_bf16_linear, cpu_gdn_chunk, cpu_gdn_prefill_conv
+    cpu_bf16_linear.apply = cpu_gdn_chunk.apply = cpu_gdn_prefill_conv.apply = lambda: False
+from vllm import LLM, SamplingParams
+from tests.fixtures.trained import trained_model
+llm = LLM(str(trained_model("qwen36-target")), tokenizer=str(trained_model("tokenizer")), dtype="bfloat16",
+          max_model_len=4096, enforce_eager=True)
+prompts = ["def foo(x):\\n    return" * 20] * 16
+llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0))
+start = time.perf_counter()
+llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0))
+print("SECONDS", time.perf_counter() - start)
+"""
+
+
+def end_to_end(which: str) -> float:
+    out = subprocess.run([sys.executable, "-c", END_TO_END, which], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": os.getcwd()}, check=True).stdout
+    return float(next(line for line in out.splitlines() if line.startswith("SECONDS")).split()[1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    from vllm_luce.patches.cpu_bf16_linear import native_bf16_cpu
+
+    print(f"CPU with bf16 dot products: {native_bf16_cpu()} (the patches apply only where this is False)")
+    print(f"{'op':40} {'vLLM ms':>10} {'ours ms':>10} {'vLLM/ours':>10}")
+    for name, theirs, ours in pairs(args.repeats):
+        print(f"{name:40} {theirs:10.3f} {ours:10.3f} {theirs / ours:10.2f}")
+    theirs, ours = end_to_end("vllm"), end_to_end("ours")
+    print(f"{'end to end: 16 x 220 prompt, 40 tokens (s)':40} {theirs:10.2f} {ours:10.2f} {theirs / ours:10.2f}")
+
+
+if __name__ == "__main__":
+    main()
