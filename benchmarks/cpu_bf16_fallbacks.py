@@ -89,9 +89,12 @@ print("SECONDS", time.perf_counter() - start)
 
 
 def end_to_end(which: str) -> float:
-    out = subprocess.run([sys.executable, "-c", END_TO_END, which], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": os.getcwd()}, check=True).stdout
-    return float(next(line for line in out.splitlines() if line.startswith("SECONDS")).split()[1])
+    path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
+    run = subprocess.run([sys.executable, "-c", END_TO_END, which], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": path})
+    if run.returncode:
+        raise RuntimeError(f"the {which} engine failed:\n{run.stderr[-3000:]}")
+    return float(next(line for line in run.stdout.splitlines() if line.startswith("SECONDS")).split()[1])
 
 
 def main() -> None:

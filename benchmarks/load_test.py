@@ -9,7 +9,7 @@ tree) after warm-up and at the end, and how many greedy outputs equal the featur
 A greedy output that differs must differ first where the features-off server's top two tokens are
 within ``TIE_NATS`` (bf16 near-ties: either token is a correct greedy choice).
 
-    python -m benchmarks.load_test [--requests 300] [--concurrency 32] [--tp 2]
+    python -m benchmarks.load_test [--requests 300] [--concurrency 32] [--tp 2] [--kvflash-pflash]
 """
 
 from __future__ import annotations
@@ -299,18 +299,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=300)
     ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--tp", type=int, default=1, help="tensor parallel size of both servers")
+    ap.add_argument("--tp", type=int, default=1, help="tensor parallel size of every server")
+    ap.add_argument("--kvflash-pflash", action="store_true",
+                    help="also a server with KVFlash and PFlash but no DFlash: what DFlash and its gate cost or "
+                         "gain under this load")
     args = ap.parse_args()
     env = {"VLLM_CPU_OMP_THREADS_BIND": "|".join(str(i) for i in range(args.tp))} if args.tp > 1 else {}
     items = workload(args.requests)
+    servers = [("features off", tp_args(args.tp), True), ("features on", luce_args(args.tp), False)]
+    if args.kvflash_pflash:
+        no_dflash = [a for a in luce_args(args.tp) if a not in ("--speculative-model", "dflash")]
+        servers.insert(1, ("KVFlash + PFlash", no_dflash, False))
     with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        off = serve_and_load(work, "off", tp_args(args.tp), items, args.concurrency, True, env)
-        on = serve_and_load(work, "on", luce_args(args.tp), items, args.concurrency, False, env)
-    for name, run in (("features off", off), ("features on", on)):
+        runs = {name: serve_and_load(Path(tmp), name.split()[-1].lower(), extra, items, args.concurrency, logprobs,
+                                     env) for name, extra, logprobs in servers}
+    off, on = runs["features off"], runs["features on"]
+    for name, run in runs.items():
         growth = run["rss"]["end"] / run["rss"]["after_warmup"] - 1
         print(f"{name}: {json.dumps(run['summary'])}; host RSS {run['rss']['after_warmup'] / 2**20:.0f} -> "
               f"{run['rss']['end'] / 2**20:.0f} MiB ({growth:+.1%})")
+    if "KVFlash + PFlash" in runs:
+        base = runs["KVFlash + PFlash"]["summary"]["seconds"]
+        print(f"all features / KVFlash + PFlash throughput: {base / on['summary']['seconds']:.2f}x (DFlash and its gate)")
     cmp = compare_greedy(on["results"], off["results"])
     print(f"greedy outputs vs features off: {cmp['identical']} identical, {cmp['near_tie']} first differ at a "
           f"near-tie, {len(cmp['mismatches'])} mismatches of {cmp['greedy_compared']}")

@@ -1,14 +1,14 @@
 """Load test through `vllm serve` + `openai` (``benchmarks/load_test.py``): 300 requests over 32 concurrent
 streams, short and long prompts, greedy and sampled, on the trained Qwen3.6-architecture model.
 
-Three servers run one after another: features off (the reference), KVFlash + PFlash, and all three
-features (DFlash too). The two features servers run the whole workload; the reference runs only the
-requests the comparison reads (``L.compared``: the 150 greedy short ones), since on a CPU without bf16
-instructions the long prompts' prefill made it the slowest of the three (530 s in CI on 2026-11-22).
-Every request of every server completes without error; greedy requests where the features are lossless
-(short prompts: the KVFlash pool covers them and PFlash leaves them alone) equal the reference, up to
-bf16 near-ties; host memory grows at most 5% after warm-up; `/metrics` shows each feature at work and,
-once idle, no KVFlash pager or host page held.
+Two servers run one after another: features off (the reference) and all three features. The features server
+runs the whole workload; the reference runs only the requests the comparison reads (``L.compared``: the 150
+greedy short ones). Every request completes without error; greedy requests where the features are lossless
+(short prompts: the KVFlash pool covers them and PFlash leaves them alone) equal the reference, up to bf16
+near-ties; host memory grows at most 5% after warm-up; `/metrics` shows each feature at work and, once idle,
+no KVFlash pager or host page held. The KVFlash + PFlash server that measures what DFlash's gate costs under
+this load runs in the benchmark (``python -m benchmarks.load_test --kvflash-pflash``), not here: CI's 30
+minutes do not hold it.
 
 DFlash is lossless too, so the all-features server is held to the same bound. Two bugs broke that
 until 2026-11-21: vLLM 0.32's CPU expand kernel corrupted every mixed greedy and sampled batch's
@@ -36,11 +36,9 @@ def items():
 @pytest.fixture(scope="module")
 def runs(items, tmp_path_factory):
     work = tmp_path_factory.mktemp("load")
-    kv_pf = [a for a in L.luce_args() if a not in ("--speculative-model", "dflash")]
     reference = [item for item in items if L.compared(item)]
     out = {}
-    for name, extra, subset in (("off", L.reference_args(), reference), ("kvflash+pflash", kv_pf, items),
-                                ("all", L.luce_args(), items)):
+    for name, extra, subset in (("off", L.reference_args(), reference), ("all", L.luce_args(), items)):
         out[name] = L.serve_and_load(work, name, extra, subset, STREAMS, name == "off", warmup=WARMUP)
         out[name]["requests"] = len(subset)
         print(f"{name}: {len(subset)} requests, {out[name]['summary']}; RSS {out[name]['rss']}")
@@ -57,19 +55,17 @@ def assert_every_stream_completes(run: dict, requests: int) -> None:
     assert "Traceback" not in run["log"]
 
 
-@pytest.mark.parametrize("name", ["off", "kvflash+pflash", "all"])
+@pytest.mark.parametrize("name", ["off", "all"])
 def test_every_stream_completes(runs, name):
     assert_every_stream_completes(runs[name], runs[name]["requests"])
 
 
-@pytest.mark.parametrize("name", ["kvflash+pflash", "all"])
-def test_host_memory_growth_after_warmup_is_at_most_5_percent(runs, name):
-    rss = runs[name]["rss"]
+def test_host_memory_growth_after_warmup_is_at_most_5_percent(runs):
+    rss = runs["all"]["rss"]
     assert rss["end"] <= 1.05 * rss["after_warmup"], rss
 
 
-@pytest.mark.parametrize("name,identical", [("kvflash+pflash", 0.9), ("all", 0.8)])
-def test_greedy_outputs_are_kept_where_the_features_are_lossless(runs, name, identical):
+def test_greedy_outputs_are_kept_where_the_features_are_lossless(runs):
     """Every greedy output equals the reference or first differs at a near-tie, but for at most 2%.
 
     The reference runs at the features' 320-token step budget (``L.reference_args``): under vLLM's default
@@ -80,11 +76,11 @@ def test_greedy_outputs_are_kept_where_the_features_are_lossless(runs, name, ide
     Measured 2026-11-21 with the matched reference: KVFlash + PFlash 141 identical and 9 near-ties of 150,
     all features 136 and 14; no mismatch. Verification runs 16-token forwards, whose bf16 sums differ from
     a 1-token decode's, so DFlash adds near-ties, not mismatches."""
-    cmp = L.compare_greedy(runs[name]["results"], runs["off"]["results"])
-    print(f"{name} vs off:", {k: v for k, v in cmp.items() if k != "mismatches"}, cmp["mismatches"])
+    cmp = L.compare_greedy(runs["all"]["results"], runs["off"]["results"])
+    print("all vs off:", {k: v for k, v in cmp.items() if k != "mismatches"}, cmp["mismatches"])
     assert cmp["greedy_compared"] >= 100
     assert len(cmp["mismatches"]) <= L.allowed_mismatches(cmp["greedy_compared"]), cmp["mismatches"]
-    assert cmp["identical"] >= identical * cmp["greedy_compared"], cmp
+    assert cmp["identical"] >= 0.8 * cmp["greedy_compared"], cmp
 
 
 def test_metrics_show_every_feature_at_work_and_nothing_held_when_idle(runs):
