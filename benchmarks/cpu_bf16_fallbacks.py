@@ -1,5 +1,6 @@
 """vLLM's bf16 CPU paths against vllm-luce's float32 replacements on a CPU without bf16 dot products
-(patches cpu_bf16_linear, cpu_gdn_prefill_conv, cpu_gdn_chunk), each pair timed in the same run, alternating.
+(patches cpu_bf16_linear, cpu_gdn_prefill_conv, cpu_gdn_chunk), the two of each pair timed one after the other
+in the same run.
 
     python -m benchmarks.cpu_bf16_fallbacks [--repeats 5]
 
