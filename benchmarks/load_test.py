@@ -320,7 +320,8 @@ def main() -> None:
               f"{run['rss']['end'] / 2**20:.0f} MiB ({growth:+.1%})")
     if "KVFlash + PFlash" in runs:
         base = runs["KVFlash + PFlash"]["summary"]["seconds"]
-        print(f"all features / KVFlash + PFlash throughput: {base / on['summary']['seconds']:.2f}x (DFlash and its gate)")
+        print(f"all features / KVFlash + PFlash throughput: {base / on['summary']['seconds']:.2f}x "
+              "(DFlash and its gate)")
     cmp = compare_greedy(on["results"], off["results"])
     print(f"greedy outputs vs features off: {cmp['identical']} identical, {cmp['near_tie']} first differ at a "
           f"near-tie, {len(cmp['mismatches'])} mismatches of {cmp['greedy_compared']}")

@@ -22,10 +22,11 @@ MAX_FP32_WEIGHT_BYTES = 64 << 20  # a larger layer keeps vLLM's path: its copy w
 
 
 def native_bf16_cpu() -> bool:
-    """True where vLLM's bf16 kernels run natively: AVX512-BF16 or AMX on x86, bf16 on Arm."""
-    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as G
+    """True where vLLM's bf16 kernels run natively: bf16 dot products (vLLM's own test for its C++ conv:
+    AVX512-BF16 or Arm bf16) or AMX."""
+    from vllm_luce.patches.cpu_gdn_spec import cpp_conv_supported
 
-    return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported() or G.is_arm_bf16())
+    return bool(cpp_conv_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def upcast(weight: torch.Tensor) -> bool:

@@ -231,7 +231,7 @@ class SpecGate:
         if min(spec_n, plain_n) < self.config.min_samples:
             prior = self.plain_prior(batch_size, context_tokens, prompt) if spec_n == 0 and r.runs[True] == 0 else None
             if prior is not None and r.steps <= prior:
-                choice = False  # a smaller batch runs plain here: so does this one, until its first exploration
+                choice = False  # an easier regime runs plain here: so does this one, until its first exploration
             else:
                 if prior is not None:  # that first exploration: calibrate from here, spec first
                     r.runs[False] = 0
