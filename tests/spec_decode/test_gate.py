@@ -114,6 +114,8 @@ def test_config_is_validated():
         GateConfig(smoothing=0.0)
     with pytest.raises(ValueError, match="explore_budget"):
         GateConfig(explore_budget=0.0)
+    with pytest.raises(ValueError, match="decisive"):
+        GateConfig(decisive=1.0)
     with pytest.raises(ValueError, match="max_explore_every"):
         GateConfig(explore_every=128, max_explore_every=64)
 
@@ -123,6 +125,19 @@ def test_calibration_alternates_even_when_steps_give_no_clean_sample():
     gate = SpecGate(GateConfig(run_length=2))
     modes = [gate.decide(8, 1000) for _ in range(8)]
     assert modes == [True, True, False, False, True, True, False, False]
+
+
+def test_one_run_of_each_mode_settles_a_decisive_gap():
+    """A speculative step of 64 requests cost 50x a plain one on CPU: a second calibration run of it costs a pass.
+    A gap of ``decisive`` times or more ends calibration after one clean run of each mode; a closer one takes
+    ``min_samples`` of each."""
+    config = GateConfig(min_samples=4)  # two runs of each, at two clean samples per run
+    decisive = simulate(SpecGate(config), 40, 10.0, 100.0)
+    assert decisive[:6] == [True] * 3 + [False] * 3 and not any(decisive[6:]), decisive
+    close = simulate(SpecGate(config), 40, 80.0, 100.0)
+    assert close[:12] == ([True] * 3 + [False] * 3) * 2, close
+    speeds = simulate(SpecGate(config), 40, 400.0, 100.0)  # either way
+    assert speeds[:6] == [True] * 3 + [False] * 3 and all(speeds[9:]), speeds
 
 
 def test_decisive_gaps_are_explored_less_often():
@@ -233,3 +248,34 @@ def test_a_prompt_step_starts_plain_where_the_same_batch_without_prompts_runs_pl
     simulate(other, 200, 50.0, 100.0, batch=8, prompt=True)
     assert other.plain_prior(8, 2048) is None and other.plain_prior(4, 2048, prompt=True) is None
     assert gate.plain_prior(4, 2048, prompt=True) is None and gate.plain_prior(8, 40_000, prompt=True) is None
+
+
+def test_a_prompt_regime_seen_one_step_at_a_time_waits_for_its_exploration_after_a_try_without_a_sample():
+    """The step that admits a prompt into a full batch is a regime visited one step at a time: a speculative
+    try there yields no clean sample (its drafts are verified in the next step, another regime). Where the
+    same batch without prompts runs plain, the next try waits for that regime's exploration interval; before,
+    it came on the next visit but one, and each cost a verify step of the whole batch."""
+    config = GateConfig()
+    gate = SpecGate(config)
+    assert gate.decide(4, 2048, prompt=True)  # nothing measured anywhere yet: calibration tries speculation
+    # Without prompts plain wins 10x. Step counts keep each prompt visit at the start of a run (a decision of
+    # its own): the visit's run_length - 1 held steps, then whole runs.
+    held = config.run_length - 1
+    simulate(gate, held + 100 * config.run_length, 10.0, 100.0)
+    interval = gate.regimes[SpecGate.regime_key(4, 2048)].explore_interval(config)
+    visits = []
+    for _ in range(interval // 2):
+        visits.append(gate.decide(4, 2048, prompt=True))
+        simulate(gate, held + 2 * config.run_length, 10.0, 100.0)
+    assert gate._hold == 0 and len(visits) >= 32 and not any(visits), visits
+
+
+def test_a_step_with_nothing_to_draft_makes_the_rest_of_its_run_plain():
+    """A prefill-only step (no running request may draft yet) vetoes calibration's speculation. Before, the
+    veto covered that step alone and the next one drafted, so a batch of 64 then verified its drafts (2 s on
+    CPU, trained pair) outside any calibration run."""
+    config = GateConfig(run_length=3)
+    gate = SpecGate(config)
+    assert not gate.decide(64, 0, drafting=False, prompt=True)
+    assert [gate.decide(64, 0, prompt=True) for _ in range(config.run_length - 1)] == [False, False]
+    assert gate.decide(64, 0, prompt=True)  # a new run: calibration's speculation, with something to draft

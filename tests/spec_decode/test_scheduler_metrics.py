@@ -50,24 +50,40 @@ def test_report_publishes_each_regimes_rates_and_back_to_back_speedup(monkeypatc
 def test_lookup_drafts_nothing_when_no_running_request_may_draft():
     from vllm_luce.spec_decode.gate import GateConfig, SpecGate
 
-    gate = SpecGate(GateConfig(patience=1, retry_after=1000, min_samples=1))  # measured: speculation wins
+    gate = SpecGate(GateConfig(patience=1, retry_after=1000, min_samples=1, run_length=2))  # measured: speculation wins
     gate.observe(speculative=True, batch_size=2, context_tokens=0, committed_tokens=8, seconds=0.02)
     gate.observe(speculative=False, batch_size=2, context_tokens=0, committed_tokens=2, seconds=0.01)
-    fake = SimpleNamespace(luce_gate=gate, running=[SimpleNamespace(request_id="a"), SimpleNamespace(request_id="b")],
+    fake = SimpleNamespace(luce_gate=gate, running=[req("a"), req("b")],
                            luce_mean_context=lambda: 0, luce_prompt_pending=lambda: False, luce_max_spec_tokens=15)
     lookup = S.GatedLookup(fake)
-    assert lookup[2] == 15
+
+    def run(lookup, batch):
+        """A run's decision (its first step; the other follows it, plain where nothing could draft)."""
+        first, second = lookup[batch], lookup[batch]
+        assert second == first
+        return first
+
+    assert run(lookup, 2) == 15
     for request in ("a", "b"):  # acceptance below break-even: both stop drafting
         gate.observe_request(request, accepted=0, batch_size=2, context_tokens=0)
     assert gate.stopped_requests() == 2
-    assert lookup[2] == 0
-    fake.running.append(SimpleNamespace(request_id="c"))  # a new request may draft
-    assert lookup[3] == 15
+    assert run(lookup, 2) == 0
+    fake.running.append(req("c"))  # a new request may draft
+    assert run(lookup, 3) == 15
     gate.observe_request("c", accepted=0, batch_size=2, context_tokens=0)
-    fake.running[:] = [SimpleNamespace(request_id="a"), SimpleNamespace(request_id="d")]  # b and c wait
-    assert gate.stopped_requests() == 3 and lookup[2] == 15  # more stopped than running, but d may draft
+    fake.running[:] = [req("a"), req("d")]  # b and c wait
+    assert gate.stopped_requests() == 3 and run(lookup, 2) == 15  # more stopped than running, but d may draft
     fake.running.pop()
-    assert lookup[1] == 0
+    assert run(lookup, 1) == 0
+    fake.running[:] = [req("e", left=2), req("f", left=1)]  # drafts made now could not be used
+    assert run(lookup, 2) == 0
+    fake.running[1] = req("g", left=3)
+    assert run(lookup, 2) == 15
+
+
+def req(request_id: str, left: int = 100):
+    """A running request as the lookup reads it, ``left`` tokens before its max_tokens."""
+    return SimpleNamespace(request_id=request_id, max_tokens=200, num_output_tokens=200 - left)
 
 
 def _step(spec_drafts: dict, scheduled: dict, sampled: dict, drafting: bool):
@@ -81,33 +97,43 @@ def _step(spec_drafts: dict, scheduled: dict, sampled: dict, drafting: bool):
     return out, result
 
 
-def _observed(monkeypatch, out, result):
+def _observed(monkeypatch, out, result, regime):
     from vllm_luce.spec_decode.gate import SpecGate
 
     seen = []
     gate = SpecGate()
     monkeypatch.setattr(gate, "observe", lambda **k: seen.append(k))
-    fake = SimpleNamespace(luce_gate=gate, _luce_context=100, _luce_last_update=0.0, _luce_last_log=float("inf"),
+    fake = SimpleNamespace(luce_gate=gate, _luce_last_update=0.0, _luce_last_log=float("inf"),
                            _luce_count_verify=lambda *a: None)
-    S.DFlashGateMixin._luce_observe(fake, out, result, started=0.0)
+    S.DFlashGateMixin._luce_observe(fake, out, result, 0.0, regime)
     return seen
 
 
 def test_a_decode_step_commits_each_rows_accepted_drafts_and_one_token(monkeypatch):
     out, result = _step({"a": [5] * 15, "b": [5] * 15}, {"a": 16, "b": 16}, {"a": [1] * 4, "b": [1]}, drafting=True)
-    [sample] = _observed(monkeypatch, out, result)
+    [sample] = _observed(monkeypatch, out, result, (2, 100, False))
     assert sample["speculative"] and not sample["prompt"]
     assert sample["committed_tokens"] == 5  # a: 3 accepted + 1, b: 0 accepted + 1
 
 
-def test_a_step_with_a_prompt_chunk_is_its_own_regime_and_counts_the_chunk(monkeypatch):
+def test_a_step_with_a_prompt_chunk_counts_the_chunk(monkeypatch):
     """The chunk's tokens count as committed in both modes; a speculative step loses its rejected drafts."""
     out, result = _step({"a": [5] * 15}, {"a": 16, "p": 200}, {"a": [1, 1], "p": []}, drafting=True)
-    [sample] = _observed(monkeypatch, out, result)
+    [sample] = _observed(monkeypatch, out, result, (2, 100, True))
     assert sample["speculative"] and sample["prompt"] and sample["committed_tokens"] == 200 + 2
     out, result = _step({}, {"a": 1, "p": 200}, {"a": [1], "p": []}, drafting=False)
-    [sample] = _observed(monkeypatch, out, result)
+    [sample] = _observed(monkeypatch, out, result, (2, 100, True))
     assert not sample["speculative"] and sample["prompt"] and sample["committed_tokens"] == 201
+
+
+def test_a_step_is_observed_in_the_regime_its_mode_was_decided_for(monkeypatch):
+    """The plan's batch (running and waiting requests) may exceed what the budget let vLLM schedule; the
+    step's cost belongs to the regime that chose its mode. A step no decision was made for (a test's own
+    lookup) is not observed."""
+    out, result = _step({}, {"a": 1, "b": 1}, {"a": [1], "b": [1]}, drafting=False)
+    [sample] = _observed(monkeypatch, out, result, (32, 2048, True))
+    assert (sample["batch_size"], sample["context_tokens"], sample["prompt"]) == (32, 2048, True)
+    assert _observed(monkeypatch, out, result, None) == []
 
 
 def test_prompt_pending_while_a_request_waits_or_a_prompt_is_in_chunks():
@@ -120,3 +146,63 @@ def test_prompt_pending_while_a_request_waits_or_a_prompt_is_in_chunks():
     assert pending([object()], (100, 99))  # a request waits
     assert pending([], (100, 99), (900, 320))  # a prompt in chunks
     assert not pending([], (100, 101))  # async scheduling counts drafts computed ahead
+
+
+class _RecordingScheduler:
+    """Stands in for vLLM's Scheduler: reads the draft reservation as vLLM 0.32's ``schedule`` does, and asks
+    the lookup for K when it scheduled a request."""
+
+    def schedule(self):
+        spec = self.vllm_config.speculative_config
+        self.reserved.append(spec.max_num_new_slots_for_drafting if spec is not None else 0)
+        self.asked.append(self.dynamic_sd_lookup[len(self.running)])
+        return SimpleNamespace()
+
+
+class _Gated(S.DFlashGateMixin, _RecordingScheduler):
+    pass
+
+
+def _gated_scheduler(gate, running: int, waiting: int):
+    from vllm_luce.spec_decode.scheduler import PlainStepConfig
+
+    sched = object.__new__(_Gated)
+    spec = SimpleNamespace(max_num_new_slots_for_drafting=15, num_speculative_tokens=15)
+    sched.vllm_config = SimpleNamespace(speculative_config=spec, model_config="real")
+    sched.luce_gate, sched.luce_max_spec_tokens, sched.max_num_running_reqs = gate, 15, 32
+    sched.running = [SimpleNamespace(request_id=str(i), num_tokens=10, num_computed_tokens=9, max_tokens=100,
+                                     num_output_tokens=1) for i in range(running)]
+    sched.waiting = [object()] * waiting
+    sched.dynamic_sd_lookup = S.GatedLookup(sched)
+    sched._luce_scheduled_at, sched._luce_regime = {}, None
+    sched._luce_plain_config = PlainStepConfig(sched.vllm_config)
+    sched.reserved, sched.asked = [], []
+    return sched
+
+
+def test_a_plain_step_is_scheduled_without_vllms_draft_slot_reservation():
+    """vLLM sets aside K draft slots of the token budget per scheduled request; a step the gate runs plain
+    must not (a budget of 320 fits 20 requests at K = 15). The plan is made before scheduling, for the
+    running and waiting requests, and is what vLLM's lookup answers."""
+    from vllm_luce.spec_decode.gate import GateConfig, SpecGate
+
+    gate = SpecGate(GateConfig(run_length=2, min_samples=1))
+    sched = _gated_scheduler(gate, running=20, waiting=30)
+    for _ in range(4):  # calibrating: a speculative run, then a plain one
+        sched.schedule()
+    assert sched.asked == [15, 15, 0, 0] and sched.reserved == [15, 15, 0, 0]
+    assert sched.vllm_config.model_config == "real" and sched.vllm_config.speculative_config.num_speculative_tokens == 15
+    batch, _, prompt = next(iter(sched._luce_scheduled_at.values()))[1]
+    assert (batch, prompt) == (32, True)  # 20 running + 30 waiting, capped at 32 sequences; requests wait
+
+
+def test_vllm_schedule_reads_the_draft_reservation_where_the_plain_config_answers_it():
+    from vllm.v1.core.sched.scheduler import Scheduler
+
+    assert S.schedule_reads_draft_slots(Scheduler)
+
+    class Moved:
+        def schedule(self):
+            return self.scheduler_config.draft_slots  # a vLLM that reads its reservation elsewhere
+
+    assert not S.schedule_reads_draft_slots(Moved)

@@ -51,7 +51,7 @@ def test_async_scheduler_sizes_placeholders_from_the_scheduled_draft_length():
 def test_gated_lookup_answers_the_gates_decision():
     fake = SimpleNamespace(luce_gate=SpecGate(GateConfig(run_length=2, explore_every=3, min_samples=1)),
                            luce_max_spec_tokens=15, luce_mean_context=lambda: 2048, luce_prompt_pending=lambda: False,
-                           running=[SimpleNamespace(request_id="r")])
+                           running=[SimpleNamespace(request_id="r", max_tokens=100, num_output_tokens=0)])
     lookup = GatedLookup(fake)
     answers = [lookup[8] for _ in range(6)]
     assert set(answers) == {0, 15} and answers[:2] == [15, 15] and answers[2:4] == [0, 0]

@@ -18,10 +18,15 @@ once in 1,800 steps (4 x 6 x 0.75 / 0.01). The budget, 1%, is the best of 0.5, 1
 ``benchmarks/dflash_gate_sim.py``: 2% lost up to 1.2 points more where one mode clearly wins, 0.5% was
 slowest to notice text that turned speculation into the winner.
 
-A regime without samples of both modes alternates until it has ``min_samples`` of each, except a
-larger batch than one that already runs plain at its context, or a step with prompt tokens where the
-same batch without them runs plain: it starts plain and calibrates at its first exploration
-(``plain_prior``). A decision holds for ``run_length`` steps: drafts made in one
+A regime without samples of both modes alternates until it has ``min_samples`` of each, or one of
+each that differ by ``decisive`` times or more (no noise on this page's machines comes near: one
+speculative step of 64 requests on the trained pair cost 2-3.6 s on CPU against 45 ms for a plain
+one, so a second calibration run there cost as much as a pass), except a larger batch than one that
+already runs plain at its context, or a step with prompt tokens where the same batch without them runs
+plain: until it has a speculative sample it runs plain, and tries speculation once per exploration
+interval of that easier regime (``plain_prior``). A regime visited one step at a time (the steps that
+admit a prompt) never yields a clean speculative sample, and retrying it on each visit cost a
+verify step of the whole batch each time. A decision holds for ``run_length`` steps: drafts made in one
 step are verified in the next, so the first step of a run is a transition (the binding reports it
 as neither mode) and the rest are clean samples.
 
@@ -59,6 +64,7 @@ class GateConfig:
     patience: int = 4  # verify steps below break-even before a request stops drafting
     retry_after: int = 64  # steps a stopped request waits before drafting again
     pair_samples: int = 8  # clean samples of each run end compared across a switch of mode
+    decisive: float = 4.0  # speed ratio at which one sample of each mode ends a regime's calibration
 
     def __post_init__(self):
         if self.run_length < 2 or not self.run_length < self.explore_every <= self.max_explore_every or min(
@@ -67,6 +73,8 @@ class GateConfig:
                              f"and the counts >= 1, got {self}")
         if not 0.0 < self.smoothing <= 1.0:
             raise ValueError(f"GateConfig.smoothing must be in (0, 1], got {self.smoothing}")
+        if not self.decisive > 1.0:
+            raise ValueError(f"GateConfig.decisive must be > 1, got {self.decisive}")
         if not 0.0 < self.explore_budget < 1.0:
             raise ValueError(f"GateConfig.explore_budget must be in (0, 1), got {self.explore_budget}")
 
@@ -118,6 +126,14 @@ class Regime:
         if self.advantage.samples:
             return math.exp(self.advantage.value)
         return self.spec_rate.value / self.plain_rate.value if self.plain_rate.value > 0 else math.inf
+
+    def calibrated(self, config: "GateConfig") -> bool:
+        """``min_samples`` of each mode, or one of each and a ratio of ``decisive`` or more either way."""
+        spec_n, plain_n = self.spec_rate.samples, self.plain_rate.samples
+        if min(spec_n, plain_n) >= config.min_samples:
+            return True
+        speedup = self.speedup()
+        return speedup is not None and not 1.0 / config.decisive < speedup < config.decisive
 
     def winner(self) -> bool | None:
         """True if speculation is faster, False if plain is, None before both are measured."""
@@ -195,6 +211,7 @@ class SpecGate:
         self._mode = True  # the decision of the run in progress
         self._hold = 0
         self._latest = True  # what the latest step ran
+        self._run_regime: Regime | None = None  # the regime that started the run in progress
         self._samples = 0  # clean samples observed, all regimes: the clock of back-to-back pairs
 
     @staticmethod
@@ -210,12 +227,20 @@ class SpecGate:
 
     # ------------------------------------------------------------------ batch decision
 
-    def decide(self, batch_size: int, context_tokens: int, drafting: bool = True, prompt: bool = False) -> bool:
+    def decide(self, batch_size: int, context_tokens: int, drafting=True, prompt: bool = False) -> bool:
         """Speculate on the next step of a batch of this size and mean context? ``drafting``: whether any
-        request of the batch may draft (``request_may_draft``). With none, a speculative step would draft
-        for nothing and verify nothing, so the step runs plain; the run resumes once one may draft.
-        ``prompt``: the step will also carry prompt tokens (a regime of its own, see ``observe``)."""
-        choice = self._choose(batch_size, context_tokens, prompt) and drafting
+        request of the batch may draft (``request_may_draft``), or a function that says so, asked only when
+        the gate would speculate. With none, a speculative step would draft for nothing and verify nothing,
+        so the step runs plain, and so does the rest of its run (before, the rest speculated: a prefill-only
+        step, where no request may draft yet, passed a calibration's speculation on to the next step, whose
+        drafts a batch of 64 then verified in 2 s on CPU). ``prompt``: the step will also carry prompt tokens
+        (a regime of its own, see ``observe``)."""
+        choice = self._choose(batch_size, context_tokens, prompt)
+        if choice and not (drafting() if callable(drafting) else drafting):
+            choice = self._mode = False
+            if self._hold == self.config.run_length - 1:  # the run starts here: count it as the plain run it is
+                self._run_regime.runs[True] -= 1
+                self._run_regime.runs[False] += 1
         self.decisions["spec" if choice else "plain"] += 1
         self._latest = choice
         return choice
@@ -227,14 +252,14 @@ class SpecGate:
         if self._hold > 0:
             self._hold -= 1
             return self._mode
-        spec_n, plain_n = r.spec_rate.samples, r.plain_rate.samples
-        if min(spec_n, plain_n) < self.config.min_samples:
-            prior = self.plain_prior(batch_size, context_tokens, prompt) if spec_n == 0 and r.runs[True] == 0 else None
-            if prior is not None and r.steps <= prior:
-                choice = False  # an easier regime runs plain here: so does this one, until its first exploration
+        if not r.calibrated(self.config):
+            prior = self.plain_prior(batch_size, context_tokens, prompt) if r.spec_rate.samples == 0 else None
+            if prior is not None and r.steps - r.last_explore <= prior:
+                choice = False  # an easier regime runs plain here: so does this one, until an exploration
             else:
-                if prior is not None:  # that first exploration: calibrate from here, spec first
-                    r.runs[False] = 0
+                if prior is not None:  # that exploration: calibrate from here, spec first
+                    r.last_explore = r.steps
+                    r.runs[True] = r.runs[False] = 0
                     self.explorations += 1
                 # Calibrating: alternate runs (even if a run yielded no clean sample), spec first.
                 choice = r.runs[True] <= r.runs[False]
@@ -245,16 +270,16 @@ class SpecGate:
                 choice = not choice
                 self.explorations += 1
         r.runs[choice] += 1
-        self._mode, self._hold = choice, self.config.run_length - 1
+        self._mode, self._hold, self._run_regime = choice, self.config.run_length - 1, r
         return choice
 
     def plain_prior(self, batch_size: int, context_tokens: int, prompt: bool = False) -> int | None:
-        """Steps a new regime runs plain before calibrating, when a measured regime that speculation suits at
-        least as well runs plain at its context: a smaller batch (verifying scales with the batch, acceptance
-        does not), or, for a step with prompt tokens, the same or a smaller batch without them (the prompt
-        chunk is work both modes share, and verify rows take its token budget). Calibrating from scratch
-        would spend its costliest steps on a known loser. The exploration interval of the largest such batch;
-        None when there is none."""
+        """Steps a regime without a speculative sample runs plain between calibration tries, when a measured
+        regime that speculation suits at least as well runs plain at its context: a smaller batch (verifying
+        scales with the batch, acceptance does not), or, for a step with prompt tokens, the same or a smaller
+        batch without them (the prompt chunk is work both modes share, and verify rows take its token
+        budget). Calibrating from scratch would spend its costliest steps on a known loser. The exploration
+        interval of the largest such batch; None when there is none."""
         b, c, p = self.regime_key(batch_size, context_tokens, prompt)
         easier = [((bb, pp), r) for (bb, cc, pp), r in self.regimes.items()
                   if cc == c and (bb < b and pp == p or p and not pp and bb <= b) and r.winner() is False]
