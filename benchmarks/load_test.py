@@ -9,7 +9,7 @@ tree) after warm-up and at the end, and how many greedy outputs equal the featur
 A greedy output that differs must differ first where the features-off server's top two tokens are
 within ``TIE_NATS`` (bf16 near-ties: either token is a correct greedy choice).
 
-    python -m benchmarks.load_test [--requests 300] [--concurrency 32] [--tp 2] [--kvflash-pflash]
+    python -m benchmarks.load_test [--requests 300] [--concurrency 32] [--tp 2] [--kvflash-pflash] [--logs DIR]
 """
 
 from __future__ import annotations
@@ -303,6 +303,7 @@ def main() -> None:
     ap.add_argument("--kvflash-pflash", action="store_true",
                     help="also a server with KVFlash and PFlash but no DFlash: what DFlash and its gate cost or "
                          "gain under this load")
+    ap.add_argument("--logs", type=Path, help="keep each server's log in this directory (the gate's decisions)")
     args = ap.parse_args()
     env = {"VLLM_CPU_OMP_THREADS_BIND": "|".join(str(i) for i in range(args.tp))} if args.tp > 1 else {}
     items = workload(args.requests)
@@ -313,6 +314,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         runs = {name: serve_and_load(Path(tmp), name.split()[-1].lower(), extra, items, args.concurrency, logprobs,
                                      env) for name, extra, logprobs in servers}
+    if args.logs:
+        args.logs.mkdir(parents=True, exist_ok=True)
+        for name, run in runs.items():
+            (args.logs / f"{name.replace(' ', '_').replace('+', 'and')}.log").write_text(run["log"])
     off, on = runs["features off"], runs["features on"]
     for name, run in runs.items():
         growth = run["rss"]["end"] / run["rss"]["after_warmup"] - 1
