@@ -19,9 +19,9 @@ once in 1,800 steps (4 x 6 x 0.75 / 0.01). The budget, 1%, is the best of 0.5, 1
 slowest to notice text that turned speculation into the winner.
 
 A regime without samples of both modes alternates until it has ``min_samples`` of each, or one of
-each that differ by ``decisive`` times or more (no noise on this page's machines comes near: one
-speculative step of 64 requests on the trained pair cost 2-3.6 s on CPU against 45 ms for a plain
-one, so a second calibration run there cost as much as a pass), except a larger batch than one that
+each that differ by ``decisive`` times or more, far beyond measurement noise (one speculative step of
+64 requests on the trained pair cost 2-3.6 s on CPU against 45 ms for a plain one, so a second
+calibration run there cost as much as a whole pass), except a larger batch than one that
 already runs plain at its context, or a step with prompt tokens where the same batch without them runs
 plain: until it has a speculative sample it runs plain, and tries speculation once per exploration
 interval of that easier regime (``plain_prior``). A regime visited one step at a time (the steps that
@@ -231,10 +231,10 @@ class SpecGate:
         """Speculate on the next step of a batch of this size and mean context? ``drafting``: whether any
         request of the batch may draft (``request_may_draft``), or a function that says so, asked only when
         the gate would speculate. With none, a speculative step would draft for nothing and verify nothing,
-        so the step runs plain, and so does the rest of its run (before, the rest speculated: a prefill-only
-        step, where no request may draft yet, passed a calibration's speculation on to the next step, whose
-        drafts a batch of 64 then verified in 2 s on CPU). ``prompt``: the step will also carry prompt tokens
-        (a regime of its own, see ``observe``)."""
+        so the step runs plain, and so does the rest of its run: a prefill-only step, where no request may
+        draft yet, must not pass a calibration's speculation on to the next step (a batch of 64 then
+        verified its drafts in 2 s on CPU). ``prompt``: the step will also carry prompt tokens (a regime of
+        its own, see ``observe``)."""
         choice = self._choose(batch_size, context_tokens, prompt)
         if choice and not (drafting() if callable(drafting) else drafting):
             choice = self._mode = False

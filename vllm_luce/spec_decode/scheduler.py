@@ -139,9 +139,9 @@ class DFlashGateMixin:
         return sum(map(COMPUTED_TOKENS, running)) // len(running) if running else 0
 
     def luce_prompt_pending(self) -> bool:
-        """Whether the step that verifies this step's drafts will likely carry prompt tokens too: a request
-        waits, or a running one has more than its newest token left to compute (a prompt in chunks, or a
-        request resumed after preemption). Read before this step's tokens are counted computed."""
+        """Whether the step about to be scheduled will likely carry prompt tokens: a request waits, or a
+        running one has more than its newest token left to compute (a prompt in chunks, or a request resumed
+        after preemption). Read before scheduling (``GatedLookup.plan``)."""
         return bool(self.waiting) or any(r.num_tokens - r.num_computed_tokens > 1 for r in self.running)
 
     def schedule(self, *args, **kwargs):
