@@ -211,7 +211,6 @@ class SpecGate:
         self._mode = True  # the decision of the run in progress
         self._hold = 0
         self._latest = True  # what the latest step ran
-        self._run_regime: Regime | None = None  # the regime that started the run in progress
         self._samples = 0  # clean samples observed, all regimes: the clock of back-to-back pairs
 
     @staticmethod
@@ -235,22 +234,19 @@ class SpecGate:
         draft yet, must not pass a calibration's speculation on to the next step (a batch of 64 then
         verified its drafts in 2 s on CPU). ``prompt``: the step will also carry prompt tokens (a regime of
         its own, see ``observe``)."""
-        choice = self._choose(batch_size, context_tokens, prompt)
-        if choice and not (drafting() if callable(drafting) else drafting):
-            choice = self._mode = False
-            if self._hold == self.config.run_length - 1:  # the run starts here: count it as the plain run it is
-                self._run_regime.runs[True] -= 1
-                self._run_regime.runs[False] += 1
+        choice = self._choose(batch_size, context_tokens, prompt, drafting if callable(drafting) else lambda: drafting)
         self.decisions["spec" if choice else "plain"] += 1
         self._latest = choice
         return choice
 
-    def _choose(self, batch_size: int, context_tokens: int, prompt: bool) -> bool:
+    def _choose(self, batch_size: int, context_tokens: int, prompt: bool, may_draft) -> bool:
         self.step += 1
         r = self.regime(batch_size, context_tokens, prompt)
         r.steps += 1
         if self._hold > 0:
             self._hold -= 1
+            if self._mode and not may_draft():
+                self._mode = False  # nothing to draft: the run goes on plain
             return self._mode
         if not r.calibrated(self.config):
             prior = self.plain_prior(batch_size, context_tokens, prompt) if r.spec_rate.samples == 0 else None
@@ -269,8 +265,10 @@ class SpecGate:
                 r.last_explore = r.steps
                 choice = not choice
                 self.explorations += 1
+        if choice and not may_draft():
+            choice = False  # nothing to draft: a plain run
         r.runs[choice] += 1
-        self._mode, self._hold, self._run_regime = choice, self.config.run_length - 1, r
+        self._mode, self._hold = choice, self.config.run_length - 1
         return choice
 
     def plain_prior(self, batch_size: int, context_tokens: int, prompt: bool = False) -> int | None:
