@@ -41,6 +41,9 @@ class Oracle:
     def observe(self, **step):
         pass
 
+    def keeps_drafts(self):
+        return True
+
 
 def simulate(gate, phases, steps: int, seed: int) -> tuple[float, float]:
     """(share of speculative steps, committed tokens per second)."""
@@ -54,7 +57,8 @@ def simulate(gate, phases, steps: int, seed: int) -> tuple[float, float]:
         if rnd.random() < 0.03:
             step_s *= 2.0
         committed = spec_tokens if spec else 1
-        if spec == previous:
+        verifies = bool(previous) and (spec or gate.keeps_drafts())  # a plain step may drop the drafts
+        if spec == verifies:  # a clean sample, as the scheduler binding reports it
             gate.observe(speculative=spec, batch_size=1, context_tokens=100, committed_tokens=committed,
                          seconds=step_s)
         previous = spec

@@ -6,12 +6,14 @@ from vllm_luce.spec_decode.gate import GateConfig, SpecGate, bucket
 
 
 def simulate(gate, steps, spec_tokens_per_s, plain_tokens_per_s, batch=4, context=2048, prompt=False):
-    """Drive the gate as the scheduler binding does: drafts of step t are verified at t + 1, and a
-    step is a clean sample only when it verifies and drafts in the same mode. Returns the modes."""
+    """Drive the gate as the scheduler binding does: drafts of step t are verified at t + 1 unless that step
+    is plain and drops them (``keeps_drafts``), and a step is a clean sample only when it verifies and drafts
+    in the same mode. Returns the modes."""
     modes, drafted_before = [], False
     for _ in range(steps):
         spec = gate.decide(batch, context, prompt=prompt)
-        if spec == drafted_before:  # clean: the rate of that mode
+        verifies = drafted_before and (spec or gate.keeps_drafts())
+        if spec == verifies:  # clean: the rate of that mode
             rate = spec_tokens_per_s if spec else plain_tokens_per_s
             tokens = batch * (3 if spec else 1)
             gate.observe(speculative=spec, batch_size=batch, context_tokens=context,
@@ -42,7 +44,7 @@ def test_runs_the_faster_mode_after_calibrating(spec_rate, plain_rate, expect_sp
 def test_decisions_hold_for_a_run():
     gate = SpecGate(GateConfig(run_length=3))
     modes = simulate(gate, 12, 200.0, 100.0)
-    assert modes[:6] == [True] * 3 + [False] * 3  # calibration: a run of each
+    assert modes[:6] == [False] * 3 + [True] * 3  # calibration: a run of each, plain first
 
 
 def test_follows_a_change_in_which_mode_pays():
@@ -124,20 +126,61 @@ def test_calibration_alternates_even_when_steps_give_no_clean_sample():
     """Steps with prompt tokens are not measured; the gate must still try plain decoding."""
     gate = SpecGate(GateConfig(run_length=2))
     modes = [gate.decide(8, 1000) for _ in range(8)]
-    assert modes == [True, True, False, False, True, True, False, False]
+    assert modes == [False, False, True, True, False, False, True, True]
 
 
 def test_one_run_of_each_mode_settles_a_decisive_gap():
     """A speculative step of 64 requests cost 50x a plain one on CPU: a second calibration run of it costs a pass.
     A gap of ``decisive`` times or more ends calibration after one clean run of each mode; a closer one takes
-    ``min_samples`` of each."""
+    ``min_samples`` of each. Plain runs first, so a decisively losing speculative run ends at its first clean
+    sample: its transition step and one verify step."""
     config = GateConfig(min_samples=4)  # two runs of each, at two clean samples per run
     decisive = simulate(SpecGate(config), 40, 10.0, 100.0)
-    assert decisive[:6] == [True] * 3 + [False] * 3 and not any(decisive[6:]), decisive
+    assert decisive[:5] == [False] * 3 + [True] * 2 and not any(decisive[5:]), decisive
     close = simulate(SpecGate(config), 40, 80.0, 100.0)
-    assert close[:12] == ([True] * 3 + [False] * 3) * 2, close
+    assert close[:12] == ([False] * 3 + [True] * 3) * 2, close
     speeds = simulate(SpecGate(config), 40, 400.0, 100.0)  # either way
-    assert speeds[:6] == [True] * 3 + [False] * 3 and all(speeds[9:]), speeds
+    assert speeds[:6] == [False] * 3 + [True] * 3 and all(speeds[3:]), speeds
+
+
+def runs_of(modes: list[bool], mode: bool) -> list[int]:
+    """Lengths of the runs of ``mode`` in ``modes``."""
+    lengths, n = [], 0
+    for m in [*modes, not mode]:
+        if m == mode:
+            n += 1
+        elif n:
+            lengths.append(n)
+            n = 0
+    return lengths
+
+
+@pytest.mark.parametrize("spec_rate, plain_rate, loser", [(10.0, 100.0, True), (500.0, 100.0, False)])
+def test_a_run_ends_at_its_first_clean_sample_when_it_loses_decisively(spec_rate, plain_rate, loser):
+    """Explorations of a mode that loses by ``decisive`` times or more: its transition step and one clean
+    sample, not ``run_length`` steps. A closer loser's explorations run whole."""
+    config = GateConfig(run_length=4, explore_every=16, max_explore_every=32)
+    modes = simulate(SpecGate(config), 600, spec_rate, plain_rate)
+    explorations = runs_of(modes[8:], loser)
+    assert len(explorations) >= 3 and set(explorations) == {2}, explorations
+    close = simulate(SpecGate(config), 600, 50.0, 100.0)
+    assert set(runs_of(close[8:], True)) == {config.run_length}
+
+
+def test_a_plain_step_drops_the_drafts_before_it_unless_speculation_wins_its_regime():
+    """Verifying the drafts costs a verify step of the whole batch: a loss where speculation loses, so a plain step
+    there verifies none; a plain exploration where speculation wins verifies them (they commit more than they cost).
+    A speculative step always verifies."""
+    loses, wins = SpecGate(), SpecGate()
+    simulate(loses, 200, 10.0, 100.0)
+    simulate(wins, 200, 300.0, 100.0)
+    assert not loses.decide(4, 2048) and not loses.keeps_drafts()
+    fresh = SpecGate()
+    assert not fresh.decide(4, 2048) and not fresh.keeps_drafts()  # calibrating: no winner yet
+    modes = simulate(wins, 2000, 300.0, 100.0)
+    assert not all(modes)  # plain explorations ran, and kept their drafts:
+    wins.decide(4, 2048)
+    assert wins.keeps_drafts()
 
 
 def test_decisive_gaps_are_explored_less_often():
@@ -155,10 +198,12 @@ def test_a_larger_batch_than_one_running_plain_starts_plain_then_calibrates():
     modes = simulate(gate, interval + 4 * config.run_length, 30.0, 100.0, batch=16)
     assert not any(modes[:interval]) and any(modes[interval:]), modes  # no spec step before the exploration
     assert gate.regimes[SpecGate.regime_key(16, 2048)].winner() is False
-    # Where speculation wins at the smaller batch, a larger one calibrates at once, spec first.
+    # Where speculation wins at the smaller batch, a larger one calibrates at once: a speculative sample within its
+    # first two runs.
     fresh = SpecGate(config)
     simulate(fresh, 200, 300.0, 100.0, batch=4)
-    assert simulate(fresh, 2 * config.run_length, 300.0, 100.0, batch=16)[:config.run_length] == [True] * config.run_length
+    simulate(fresh, 3 * config.run_length, 300.0, 100.0, batch=16)
+    assert fresh.regimes[SpecGate.regime_key(16, 2048)].spec_rate.samples >= 1
     # A smaller batch never inherits from a larger one.
     assert gate.plain_prior(2, 2048) is None and gate.plain_prior(16, 40_000) is None
 
@@ -257,16 +302,16 @@ def test_a_prompt_regime_seen_one_step_at_a_time_waits_for_its_exploration_after
     it came on the next visit but one, and each cost a verify step of the whole batch."""
     config = GateConfig()
     gate = SpecGate(config)
-    assert gate.decide(4, 2048, prompt=True)  # nothing measured anywhere yet: calibration tries speculation
-    # Without prompts plain wins 10x. Step counts keep each prompt visit at the start of a run (a decision of
+    assert not gate.decide(4, 2048, prompt=True)  # nothing measured anywhere yet: calibration starts plain
+    # Without prompts plain wins 3.3x (not decisively: its explorations run whole). Step counts keep each prompt visit at the start of a run (a decision of
     # its own): the visit's run_length - 1 held steps, then whole runs.
     held = config.run_length - 1
-    simulate(gate, held + 100 * config.run_length, 10.0, 100.0)
+    simulate(gate, held + 100 * config.run_length, 30.0, 100.0)
     interval = gate.regimes[SpecGate.regime_key(4, 2048)].explore_interval(config)
     visits = []
     for _ in range(interval // 2):
         visits.append(gate.decide(4, 2048, prompt=True))
-        simulate(gate, held + 2 * config.run_length, 10.0, 100.0)
+        simulate(gate, held + 2 * config.run_length, 30.0, 100.0)
     assert gate._hold == 0 and len(visits) >= 32 and not any(visits), visits
 
 

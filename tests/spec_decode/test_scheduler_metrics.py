@@ -51,8 +51,9 @@ def test_lookup_drafts_nothing_when_no_running_request_may_draft():
     from vllm_luce.spec_decode.gate import GateConfig, SpecGate
 
     gate = SpecGate(GateConfig(patience=1, retry_after=1000, min_samples=1, run_length=2))  # measured: speculation wins
-    gate.observe(speculative=True, batch_size=2, context_tokens=0, committed_tokens=8, seconds=0.02)
-    gate.observe(speculative=False, batch_size=2, context_tokens=0, committed_tokens=2, seconds=0.01)
+    for batch in (2, 3):
+        gate.observe(speculative=True, batch_size=batch, context_tokens=0, committed_tokens=8, seconds=0.02)
+        gate.observe(speculative=False, batch_size=batch, context_tokens=0, committed_tokens=2, seconds=0.01)
     fake = SimpleNamespace(luce_gate=gate, running=[req("a"), req("b")],
                            luce_mean_context=lambda: 0, luce_prompt_pending=lambda: False, luce_max_spec_tokens=15)
     lookup = S.GatedLookup(fake)
@@ -171,7 +172,7 @@ def _gated_scheduler(gate, running: int, waiting: int):
     sched.vllm_config = SimpleNamespace(speculative_config=spec, model_config="real")
     sched.luce_gate, sched.luce_max_spec_tokens, sched.max_num_running_reqs = gate, 15, 32
     sched.running = [SimpleNamespace(request_id=str(i), num_tokens=10, num_computed_tokens=9, max_tokens=100,
-                                     num_output_tokens=1) for i in range(running)]
+                                     num_output_tokens=1, spec_token_ids=[]) for i in range(running)]
     sched.waiting = [object()] * waiting
     sched.dynamic_sd_lookup = S.GatedLookup(sched)
     sched._luce_scheduled_at, sched._luce_regime = {}, None
@@ -188,9 +189,9 @@ def test_a_plain_step_is_scheduled_without_vllms_draft_slot_reservation():
 
     gate = SpecGate(GateConfig(run_length=2, min_samples=1))
     sched = _gated_scheduler(gate, running=20, waiting=30)
-    for _ in range(4):  # calibrating: a speculative run, then a plain one
+    for _ in range(4):  # calibrating: a plain run, then a speculative one
         sched.schedule()
-    assert sched.asked == [15, 15, 0, 0] and sched.reserved == [15, 15, 0, 0]
+    assert sched.asked == [0, 0, 15, 15] and sched.reserved == [0, 0, 15, 15]
     assert sched.vllm_config.model_config == "real" and sched.vllm_config.speculative_config.num_speculative_tokens == 15
     batch, _, prompt = next(iter(sched._luce_scheduled_at.values()))[1]
     assert (batch, prompt) == (32, True)  # 20 running + 30 waiting, capped at 32 sequences; requests wait
@@ -206,3 +207,27 @@ def test_vllm_schedule_reads_the_draft_reservation_where_the_plain_config_answer
             return self.scheduler_config.draft_slots  # a vLLM that reads its reservation elsewhere
 
     assert not S.schedule_reads_draft_slots(Moved)
+
+
+def test_a_plain_step_verifies_the_drafts_before_it_only_where_speculation_wins():
+    """A plain step where speculation does not win its regime (calibrating here) drops every request's drafts, so
+    it verifies none; a speculative step keeps them, and so does a plain step where speculation wins."""
+    from vllm_luce.spec_decode.gate import GateConfig, SpecGate
+
+    gate = SpecGate(GateConfig(run_length=2, min_samples=1))
+    sched = _gated_scheduler(gate, running=4, waiting=0)
+
+    def step(drafts):
+        for request in sched.running:
+            request.spec_token_ids = list(drafts)
+        sched.schedule()
+        return sched.asked[-1], [r.spec_token_ids for r in sched.running]
+
+    assert step([7, 8]) == (0, [[]] * 4)  # calibrating, plain first: dropped
+    assert step([7, 8])[0] == 0
+    assert step([7, 8]) == (15, [[7, 8]] * 4)  # a speculative step verifies them
+    for mode, rate in ((True, 400.0), (False, 100.0)):  # measured: speculation wins at batch 4
+        gate.observe(speculative=mode, batch_size=4, context_tokens=0, committed_tokens=int(rate), seconds=1.0)
+    gate.regimes[gate.regime_key(4, 0)].last_explore = -10_000  # its plain exploration is due
+    sched.schedule()  # the speculative run's second step
+    assert step([7, 8]) == (0, [[7, 8]] * 4)  # a plain exploration keeps them

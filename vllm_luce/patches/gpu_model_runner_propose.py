@@ -27,8 +27,8 @@ TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids
 
 def holds_plain_step(runner, scheduler_output) -> bool:
     """This step drafts nothing and nothing downstream reads the proposer's prepared inputs. The runner's
-    conditions are read first: working them out makes the drafter's store, and a drafting first step (the
-    gate calibrates speculation first) would otherwise make the copying one in vLLM's path."""
+    conditions are read first: working them out makes the drafter's store, and a drafting first step (a
+    gate decision to speculate) would otherwise make the copying one in vLLM's path."""
     return runner_holds_plain_steps(runner) and scheduler_output.num_spec_tokens_to_schedule == 0
 
 

@@ -18,17 +18,25 @@ once in 1,800 steps (4 x 6 x 0.75 / 0.01). The budget, 1%, is the best of 0.5, 1
 ``benchmarks/dflash_gate_sim.py``: 2% lost up to 1.2 points more where one mode clearly wins, 0.5% was
 slowest to notice text that turned speculation into the winner.
 
-A regime without samples of both modes alternates until it has ``min_samples`` of each, or one of
-each that differ by ``decisive`` times or more, far beyond measurement noise (one speculative step of
-64 requests on the trained pair cost 2-3.6 s on CPU against 45 ms for a plain one, so a second
-calibration run there cost as much as a whole pass), except a larger batch than one that
+A regime without samples of both modes alternates runs, plain first, until it has ``min_samples`` of
+each, or one of each that differ by ``decisive`` times or more, far beyond measurement noise (one
+speculative step of 64 requests on the trained pair cost 2-3.6 s on CPU against 45 ms for a plain one,
+so a second calibration run there cost as much as a whole pass), except a larger batch than one that
 already runs plain at its context, or a step with prompt tokens where the same batch without them runs
 plain: until it has a speculative sample it runs plain, and tries speculation once per exploration
 interval of that easier regime (``plain_prior``). A regime visited one step at a time (the steps that
 admit a prompt) never yields a clean speculative sample, and retrying it on each visit cost a
 verify step of the whole batch each time. A decision holds for ``run_length`` steps: drafts made in one
 step are verified in the next, so the first step of a run is a transition (the binding reports it
-as neither mode) and the rest are clean samples.
+as neither mode) and the rest are clean samples. A run ends early when its first clean sample is
+``decisive`` times slower than the other mode's rate in its regime: plain first, a speculative
+calibration or exploration that loses by that much costs one verify step, not ``run_length``.
+
+A plain step drops the drafts of the step before (verifies none of them) unless speculation wins its
+regime (``keeps_drafts``): verifying them costs a verify step of the whole batch, a loss wherever
+speculation does. Where it wins, the plain run is an exploration and the drafts commit more than they
+cost. Measured on CPU under the load test (trained pair, 32 streams): the verify step after a
+calibration run cost 14 plain steps.
 
 Which mode wins is judged from runs of the two modes measured back to back in a regime: the last
 clean samples before a switch against the first ones after it. Machine speed drifts (other work,
@@ -210,6 +218,8 @@ class SpecGate:
         self.explorations = 0
         self._mode = True  # the decision of the run in progress
         self._hold = 0
+        self._run_regime: Regime | None = None  # where the run in progress was decided
+        self._regime: Regime | None = None  # where the latest step was decided
         self._latest = True  # what the latest step ran
         self._samples = 0  # clean samples observed, all regimes: the clock of back-to-back pairs
 
@@ -241,7 +251,7 @@ class SpecGate:
 
     def _choose(self, batch_size: int, context_tokens: int, prompt: bool, may_draft) -> bool:
         self.step += 1
-        r = self.regime(batch_size, context_tokens, prompt)
+        r = self._regime = self.regime(batch_size, context_tokens, prompt)
         r.steps += 1
         if self._hold > 0:
             self._hold -= 1
@@ -253,12 +263,13 @@ class SpecGate:
             if prior is not None and r.steps - r.last_explore <= prior:
                 choice = False  # an easier regime runs plain here: so does this one, until an exploration
             else:
-                if prior is not None:  # that exploration: calibrate from here, spec first
+                if prior is not None:  # that exploration: calibrate from here, the plain runs counted as one
                     r.last_explore = r.steps
-                    r.runs[True] = r.runs[False] = 0
+                    r.runs[True], r.runs[False] = 0, 1
                     self.explorations += 1
-                # Calibrating: alternate runs (even if a run yielded no clean sample), spec first.
-                choice = r.runs[True] <= r.runs[False]
+                # Calibrating: alternate runs (even if a run yielded no clean sample), plain first, so that
+                # speculation's first clean sample can end a decisively losing run.
+                choice = r.runs[True] < r.runs[False]
         else:
             choice = bool(r.winner())
             if r.steps - r.last_explore >= r.explore_interval(self.config):
@@ -268,8 +279,14 @@ class SpecGate:
         if choice and not may_draft():
             choice = False  # nothing to draft: a plain run
         r.runs[choice] += 1
-        self._mode, self._hold = choice, self.config.run_length - 1
+        self._mode, self._hold, self._run_regime = choice, self.config.run_length - 1, r
         return choice
+
+    def keeps_drafts(self) -> bool:
+        """Whether the step just decided verifies the drafts of the step before: a speculative step does, a
+        plain one only where speculation wins its regime (a plain exploration). Elsewhere the binding drops
+        them: their verification would cost a verify step of the whole batch for what a plain step commits."""
+        return self._latest or (self._regime is not None and self._regime.winner() is True)
 
     def plain_prior(self, batch_size: int, context_tokens: int, prompt: bool = False) -> int | None:
         """Steps a regime without a speculative sample runs plain between calibration tries, when a measured
@@ -302,6 +319,10 @@ class SpecGate:
         step_s.add(seconds / batch_size, w)  # per request, so regimes of one bucket compare
         self._samples += 1
         r.track(speculative, committed_tokens / seconds, self._samples, self.config)
+        other = r.plain_rate if speculative else r.spec_rate
+        if (self._hold > 0 and r is self._run_regime and speculative == self._mode and other.samples
+                and committed_tokens / seconds * self.config.decisive <= other.value):
+            self._hold = 0  # the run's mode loses decisively here: the next step decides afresh
 
     # ------------------------------------------------------------------ per request
 

@@ -14,7 +14,8 @@ vLLM's scheduler sets aside K draft slots of the step's token budget for every r
 (the drafter's mask queries must fit its input buffers), whether K turns out 0 or not. A step the gate
 runs plain is scheduled without that reservation (``PlainStepConfig``). Measured on CPU (trained
 Qwen3.6 pair, the load test's budget of 320 tokens, 32 sequences): with the reservation, plain steps
-scheduled 9.5 requests on average against 15.5 in an engine without speculation.
+scheduled 9.5 requests on average against 15.5 in an engine without speculation. Such a step also
+drops the drafts of the step before unless speculation wins its regime (``SpecGate.keeps_drafts``).
 """
 
 from __future__ import annotations
@@ -146,14 +147,15 @@ class DFlashGateMixin:
 
     def schedule(self, *args, **kwargs):
         gate = self.luce_gate
-        if gate.stopped:  # only a request the gate stopped loses its drafts
-            for request in self.running:
-                if request.spec_token_ids and not gate.request_may_draft(request.request_id):
-                    request.spec_token_ids = []  # verify nothing for it this step
         start = time.perf_counter()
         lookup, config = self.dynamic_sd_lookup, self.vllm_config
         self._luce_regime = None
         planned = lookup.plan() if isinstance(lookup, GatedLookup) and (self.running or self.waiting) else None
+        drop_all = planned == 0 and not gate.keeps_drafts()  # a plain step where speculation does not pay
+        if drop_all or gate.stopped:  # else only a request the gate stopped loses its drafts
+            for request in self.running:
+                if request.spec_token_ids and (drop_all or not gate.request_may_draft(request.request_id)):
+                    request.spec_token_ids = []  # verify nothing for it this step
         if planned == 0 and self._luce_plain_config is not None:
             self.vllm_config = self._luce_plain_config
         try:
