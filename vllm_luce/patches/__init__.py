@@ -240,6 +240,21 @@ LEDGER: tuple[LedgerEntry, ...] = (
                     "products (e.g. oneDNN's f32 fallback for bf16 matmul).",
     ),
     LedgerEntry(
+        target="vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model._build_context_kv_buffers",
+        signature="(self, layers_attn: list[torch.nn.modules.module.Module], has_bias: bool) -> None",
+        module="vllm_luce.patches.cpu_dflash_context_kv",
+        why="The DFlash drafter's context pass projects the target's features to every layer's K/V in one "
+            "F.linear over a fused bf16 weight, outside its linear layers, so cpu_bf16_linear does not reach it "
+            "and PyTorch emulates it on CPUs without bf16 dot products. Under the load test (trained pair, all "
+            "features) it was 4.4 s of the worker's 85 s, most of what DFlash cost a server that ran plain.",
+        how="On such CPUs only, wraps the build of the drafter's context buffers: each layer's context "
+            "projection becomes a float32 copy of its K/V rows, called through vLLM's own per-layer path "
+            "(q size 0), and the fused bf16 weight is dropped. Drafter classes with their own projection, "
+            "other dtypes and large weights keep vLLM's path.",
+        remove_when="vLLM's CPU backend computes bf16 GEMMs without emulation on CPUs lacking bf16 dot "
+                    "products, or its DFlash context projection goes through its linear layers.",
+    ),
+    LedgerEntry(
         target="vllm._custom_ops:chunk_gated_delta_rule_cpu",
         signature="(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: "
                   "torch.Tensor, initial_state: torch.Tensor, output_final_state: bool, cu_seqlens: torch.Tensor, "
@@ -471,16 +486,16 @@ def apply_pflash_patches() -> None:
 
 
 def apply_patches() -> None:
-    from vllm_luce.patches import (cpu_bf16_linear, cpu_expand_kernel, cpu_gdn_chunk, cpu_gdn_nonspec,
-                                   cpu_gdn_prefill_conv, cpu_gdn_spec, cpu_rms_norm, dflash_proposer, engine_args,
-                                   gpu_model_runner, gpu_model_runner_inputs, gpu_model_runner_kv_cache,
+    from vllm_luce.patches import (cpu_bf16_linear, cpu_dflash_context_kv, cpu_expand_kernel, cpu_gdn_chunk,
+                                   cpu_gdn_nonspec, cpu_gdn_prefill_conv, cpu_gdn_spec, cpu_rms_norm, dflash_proposer,
+                                   engine_args, gpu_model_runner, gpu_model_runner_inputs, gpu_model_runner_kv_cache,
                                    gpu_model_runner_propose, gpu_v2_model_runner_kv_cache, kv_cache_coordinator,
                                    rejection_sampler, vllm_config)
 
     vllm_config.apply()
     engine_args.apply()
-    for module in (cpu_bf16_linear, cpu_gdn_chunk, cpu_expand_kernel, cpu_gdn_spec, cpu_gdn_nonspec,
-                   cpu_gdn_prefill_conv, cpu_rms_norm, gpu_model_runner, gpu_model_runner_kv_cache,
+    for module in (cpu_bf16_linear, cpu_dflash_context_kv, cpu_gdn_chunk, cpu_expand_kernel, cpu_gdn_spec,
+                   cpu_gdn_nonspec, cpu_gdn_prefill_conv, cpu_rms_norm, gpu_model_runner, gpu_model_runner_kv_cache,
                    gpu_v2_model_runner_kv_cache, dflash_proposer, gpu_model_runner_propose, gpu_model_runner_inputs,
                    rejection_sampler, kv_cache_coordinator):
         when_imported(module.TARGET.split(":")[0], module.apply)
