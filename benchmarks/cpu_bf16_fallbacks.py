@@ -1,11 +1,11 @@
 """vLLM's bf16 CPU paths against vllm-luce's float32 replacements on a CPU without bf16 dot products
-(patches cpu_bf16_linear, cpu_gdn_prefill_conv, cpu_gdn_chunk), the two of each pair timed one after the other
-in the same run.
+(patches cpu_bf16_linear, cpu_gdn_prefill_conv, cpu_gdn_chunk, cpu_dflash_context_kv), the two of each pair
+timed one after the other in the same run.
 
     python -m benchmarks.cpu_bf16_fallbacks [--repeats 5]
 
 Shapes are the trained Qwen3.6 test model's (hidden 256, MLP 512, vocabulary 4096, GDN 2 heads of 128, conv
-width 4 over 768 channels) and one 4096-wide layer. Prints median ms and vLLM / ours (above 1: ours is faster).
+width 4 over 768 channels; its DFlash drafter's 2 layers of 2 K/V heads of 64) and one 4096-wide layer. Prints median ms and vLLM / ours (above 1: ours is faster).
 Then end to end: 16 prompts of about 220 tokens and 40 greedy tokens through an in-process ``LLM`` on the
 trained target, in two child processes one after the other: vllm-luce without these three patches (on such a
 CPU the conv patch does nothing else), then with them.
@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import torch
 
@@ -68,7 +69,28 @@ def pairs(repeats: int) -> list[tuple[str, float, float]]:
     original = getattr(ops.chunk_gated_delta_rule_cpu, "__wrapped__", ops.chunk_gated_delta_rule_cpu)
     rows.append(("chunked GDN prefill, 16 x 220 tokens", median_ms(lambda: original(*args), repeats),
                  median_ms(lambda: cpu_gdn_chunk.chunk_gated_delta_rule(*args), repeats)))
+    rows.append(("DFlash context K/V, 320 tokens, 2 layers", *context_kv(repeats, g)))
     return rows
+
+
+def context_kv(repeats: int, g: torch.Generator, tokens: int = 320, layers: int = 2, kv_heads: int = 2,
+               head_dim: int = 64, hidden: int = 256) -> tuple[float, float]:
+    """vLLM's ``_project_context_kv`` over its fused bf16 weight, then over the patch's per-layer float32 copies."""
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
+
+    from vllm_luce.patches.cpu_dflash_context_kv import float32_projections
+
+    weight = torch.randn(layers * 2 * kv_heads * head_dim, hidden, generator=g).bfloat16()
+    common = {"_hidden_norm_weight": torch.ones(hidden).bfloat16(), "_rms_norm_eps": 1e-6, "_fused_kv_bias": None}
+    fused = SimpleNamespace(_fused_kv_weight=weight, **common)
+    ours = SimpleNamespace(_fused_kv_weight=None, _context_qkv_projs=float32_projections(weight, None, layers),
+                           _context_q_sizes=[0] * layers, **common)
+    x = torch.randn(tokens, hidden, generator=g).bfloat16()
+
+    def project(model):
+        return lambda: DFlashQwen3Model._project_context_kv(model, x, tokens, layers, kv_heads, head_dim)
+
+    return median_ms(project(fused), repeats), median_ms(project(ours), repeats)
 
 
 END_TO_END = """
