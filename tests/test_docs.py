@@ -1,6 +1,6 @@
 """The documentation stays true to the code. Every list here is read from the code, never typed in:
 README's configuration table against `vllm_luce/config.py`'s SCHEMA, docs/architecture.md's patch
-ledger against `vllm_luce/patches/__init__.py`'s LEDGER, and examples/ against
+ledger against `vllm_luce/patches/ledger.py`'s LEDGER, and examples/ against
 tests/e2e/test_examples.py and README.
 
     python -m tests.test_docs --write-ledger   # regenerate docs/architecture.md's ledger section
@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 EXAMPLES_TEST = ROOT / "tests" / "e2e" / "test_examples.py"
-LEDGER_BEGIN = "<!-- generated from vllm_luce/patches/__init__.py by `python -m tests.test_docs --write-ledger` -->"
+LEDGER_BEGIN = "<!-- generated from vllm_luce/patches/ledger.py by `python -m tests.test_docs --write-ledger` -->"
 LEDGER_END = "<!-- end of the generated ledger -->"
 KEY_CELL = re.compile(r"`([a-z_<>]+)\.([a-z_]+)`")
 

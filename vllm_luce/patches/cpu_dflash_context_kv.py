@@ -21,21 +21,20 @@ import functools
 import torch
 
 from vllm_luce.patches import ledger_signature, wrap_method
-from vllm_luce.patches.cpu_bf16_linear import native_bf16_cpu, upcast
+from vllm_luce.patches.cpu_bf16_linear import float32_linear, native_bf16_cpu, upcast
 
 TARGET = "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model._build_context_kv_buffers"
 
 
 class Float32ContextKV:
-    """One layer's context projection as vLLM's per-layer path calls it: ``proj(x) -> (kv, None)``, the K/V
-    rows of the layer's fused QKV weight in float32; the output has the input's dtype."""
+    """One layer's context projection as vLLM's per-layer path calls it: ``proj(x) -> (kv, None)``, through
+    ``cpu_bf16_linear``'s float32 copy of the layer's K/V rows; the output has the input's dtype."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        self.weight = weight.detach().float().contiguous()
-        self.bias = None if bias is None else bias.detach().float().contiguous()
+        self._linear = float32_linear(weight, bias)
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return torch.nn.functional.linear(x.float(), self.weight, self.bias).to(x.dtype), None
+        return self._linear(x, None, None), None
 
 
 def float32_projections(fused_weight: torch.Tensor, fused_bias: torch.Tensor | None,
@@ -43,11 +42,13 @@ def float32_projections(fused_weight: torch.Tensor, fused_bias: torch.Tensor | N
     """Per-layer float32 projections of a fused ``[layers * 2 * kv_size, hidden]`` bf16 K/V weight, or None
     where that weight keeps vLLM's path."""
     rows, remainder = divmod(fused_weight.shape[0], layers)
-    if remainder or not all(upcast(fused_weight[i * rows:(i + 1) * rows]) for i in range(layers)):
+    if remainder:
         return None
-    return [Float32ContextKV(fused_weight[i * rows:(i + 1) * rows],
-                             None if fused_bias is None else fused_bias[i * rows:(i + 1) * rows])
-            for i in range(layers)]
+    weights = fused_weight.split(rows)
+    if not all(upcast(w) for w in weights):
+        return None
+    biases = [None] * layers if fused_bias is None else fused_bias.split(rows)
+    return [Float32ContextKV(w, b) for w, b in zip(weights, biases)]
 
 
 def _make_wrapper(original, base_projection):
