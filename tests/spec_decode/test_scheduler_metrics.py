@@ -157,7 +157,7 @@ class _RecordingScheduler:
         spec = self.vllm_config.speculative_config
         self.reserved.append(spec.max_num_new_slots_for_drafting if spec is not None else 0)
         self.asked.append(self.dynamic_sd_lookup[len(self.running)])
-        return SimpleNamespace()
+        return SimpleNamespace(num_spec_tokens_to_schedule=self.asked[-1])
 
 
 class _Gated(S.DFlashGateMixin, _RecordingScheduler):
@@ -177,6 +177,7 @@ def _gated_scheduler(gate, running: int, waiting: int):
     sched.dynamic_sd_lookup = S.GatedLookup(sched)
     sched._luce_scheduled_at, sched._luce_regime = {}, None
     sched._luce_plain_config = PlainStepConfig(sched.vllm_config)
+    sched._luce_drafts_held = True
     sched.reserved, sched.asked = [], []
     return sched
 
@@ -189,9 +190,12 @@ def test_a_plain_step_is_scheduled_without_vllms_draft_slot_reservation():
 
     gate = SpecGate(GateConfig(run_length=2, min_samples=1))
     sched = _gated_scheduler(gate, running=20, waiting=30)
+    drafts = []
     for _ in range(4):  # calibrating: a plain run, then a speculative one
         sched.schedule()
+        drafts.append(sched.luce_step_drafts)  # what the engine core's post-step reads
     assert sched.asked == [0, 0, 15, 15] and sched.reserved == [0, 0, 15, 15]
+    assert drafts == [False, False, True, True]
     assert sched.vllm_config.model_config == "real" and sched.vllm_config.speculative_config.num_speculative_tokens == 15
     batch, _, prompt = next(iter(sched._luce_scheduled_at.values()))[1]
     assert (batch, prompt) == (32, True)  # 20 running + 30 waiting, capped at 32 sequences; requests wait
@@ -224,8 +228,10 @@ def test_a_plain_step_verifies_the_drafts_before_it_only_where_speculation_wins(
         return sched.asked[-1], [r.spec_token_ids for r in sched.running]
 
     assert step([7, 8]) == (0, [[]] * 4)  # calibrating, plain first: dropped
-    assert step([7, 8])[0] == 0
+    assert not sched._luce_drafts_held  # until a step drafts, later plain steps have nothing to drop
+    assert step([])[0] == 0
     assert step([7, 8]) == (15, [[7, 8]] * 4)  # a speculative step verifies them
+    assert sched._luce_drafts_held
     for mode, rate in ((True, 400.0), (False, 100.0)):  # measured: speculation wins at batch 4
         gate.observe(speculative=mode, batch_size=4, context_tokens=0, committed_tokens=int(rate), seconds=1.0)
     gate.regimes[gate.regime_key(4, 0)].last_explore = -10_000  # its plain exploration is due

@@ -121,6 +121,10 @@ class DFlashGateMixin:
         self._luce_scheduled_at: dict[int, tuple] = {}  # a step's output -> its start and regime
         self._luce_regime: tuple | None = None  # batch, mean context and prompt flag of the latest decision
         self._luce_plain_config = None
+        # Whether the step scheduled last drafts (K > 0); the engine core asks the workers for drafts only then
+        # (patches/engine_core_post_step.py).
+        self.luce_step_drafts = True
+        self._luce_drafts_held = True  # whether a running request may hold drafts: cleared when all are dropped
         if schedule_reads_draft_slots(Scheduler):
             self._luce_plain_config = PlainStepConfig(self.vllm_config)
         else:
@@ -151,11 +155,13 @@ class DFlashGateMixin:
         lookup, config = self.dynamic_sd_lookup, self.vllm_config
         self._luce_regime = None
         planned = lookup.plan() if isinstance(lookup, GatedLookup) and (self.running or self.waiting) else None
-        drop_all = planned == 0 and not gate.keeps_drafts()  # a plain step where speculation does not pay
-        if drop_all or gate.stopped:  # else only a request the gate stopped loses its drafts
-            for request in self.running:
-                if request.spec_token_ids and (drop_all or not gate.request_may_draft(request.request_id)):
-                    request.spec_token_ids = []  # verify nothing for it this step
+        if self._luce_drafts_held:  # a step drafted since the running requests' drafts were last dropped
+            drop_all = planned == 0 and not gate.keeps_drafts()  # a plain step where speculation does not pay
+            if drop_all or gate.stopped:  # else only a request the gate stopped loses its drafts
+                for request in self.running:
+                    if request.spec_token_ids and (drop_all or not gate.request_may_draft(request.request_id)):
+                        request.spec_token_ids = []  # verify nothing for it this step
+            self._luce_drafts_held = not drop_all
         if planned == 0 and self._luce_plain_config is not None:
             self.vllm_config = self._luce_plain_config
         try:
@@ -164,6 +170,8 @@ class DFlashGateMixin:
             self.vllm_config = config
             if isinstance(lookup, GatedLookup):
                 lookup.planned = None  # vLLM asks only when it scheduled a request
+        self.luce_step_drafts = output.num_spec_tokens_to_schedule > 0
+        self._luce_drafts_held |= self.luce_step_drafts
         at = self._luce_scheduled_at
         at[id(output)] = (start, self._luce_regime)
         while len(at) > 8:  # an output that never reaches update_from_output must not pile up
@@ -257,6 +265,8 @@ class DFlashGateMixin:
 
     def _luce_release_finished(self) -> None:
         gate = self.luce_gate
+        if not gate.requests:  # only requests that verified drafts have gate state
+            return
         for req_id in [r for r in gate.requests if r not in self.requests]:
             gate.forget(req_id)
 
