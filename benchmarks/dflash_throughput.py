@@ -10,7 +10,10 @@ Pairs:
 For each pair, three engines live in one process: no speculation, DFlash with every draft verified
 (``fixed``: the gate off), and DFlash under vllm-luce's gate (``gated``); ``--modes none gated``
 leaves fixed out (on a slow CPU, fixed DFlash on the trained pair ran at a quarter to a tenth of the
-others' speed). At each concurrency (requests submitted together) every engine runs a warm-up pass
+others' speed). ``--modes none control gated`` adds ``control``, a second engine without speculation: its
+throughput over ``none``'s is an A/A ratio, the difference two identical engines show in this run. On the
+2-core development host that ratio's median ranged 0.90-1.13 over ten cells (``docs/benchmarks.md``,
+session 31), so a gated/none median is read against it. At each concurrency (requests submitted together) every engine runs a warm-up pass
 (the gate calibrates there), then the engines take turns for ``--repeats`` measured passes each, so
 a drift of the machine's speed reaches all three alike. The order rotates from round to round, so no
 engine always follows the same one. Throughput is generated tokens / wall seconds; a cell is the median of its passes (all of
@@ -45,7 +48,7 @@ for _k, _v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": 
                "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
     os.environ.setdefault(_k, _v)
 
-MODES = ("none", "fixed", "gated")
+MODES = ("none", "control", "fixed", "gated")  # control: a second engine without speculation
 
 
 def pairs(root: Path) -> dict:
@@ -74,7 +77,7 @@ def build(target, drafter, method, mode: str, max_seqs: int):
     from vllm import LLM
 
     spec = None
-    if mode != "none":
+    if mode not in ("none", "control"):
         spec = {"model": str(drafter), **({"method": method} if method else {})}
     return LLM(model=str(target), speculative_config=spec, enforce_eager=True, max_model_len=1024, dtype="bfloat16",
                seed=0, enable_prefix_caching=False, max_num_seqs=max_seqs, disable_log_stats=False,
@@ -116,8 +119,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=96, help="generated tokens per request (measured pass)")
     ap.add_argument("--repeats", type=int, default=3, help="measured passes per engine and concurrency (median)")
     ap.add_argument("--kv-cache-gib", type=int, default=4, help="VLLM_CPU_KVCACHE_SPACE of every engine")
-    ap.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES),
-                    help="engines to run (without fixed, the gated/fixed goal is not checked)")
+    ap.add_argument("--modes", nargs="+", choices=MODES, default=["none", "fixed", "gated"],
+                    help="engines to run (without fixed, the gated/fixed goal is not checked; control: an A/A "
+                         "engine without speculation)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
@@ -209,10 +213,10 @@ def spread(a: dict, b: dict) -> str:
 def summarize(rows: list[dict]) -> str:
     by = {(r["pair"], r["mode"], r["concurrency"]): r for r in rows}
     lines = ["| pair | concurrency | none tok/s | fixed tok/s | gated tok/s | fixed/none | gated/none | gated/none rounds "
-             "(quartiles) | gated/fixed | goals |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "(quartiles) | control/none (A/A) | gated/fixed | goals |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for pair, c in sorted({(r["pair"], r["concurrency"]) for r in rows}):
-        none, fixed, gated = (by.get((pair, m, c)) for m in MODES)
+        none, control, fixed, gated = (by.get((pair, m, c)) for m in MODES)
         if None in (none, gated):
             continue
         gated_none = paired(gated, none)
@@ -223,10 +227,10 @@ def summarize(rows: list[dict]) -> str:
             fixed_none, gated_fixed = paired(fixed, none), paired(gated, fixed)
             ok, note = gated_none >= 0.95 and (fixed_none <= 1.0 or gated_fixed >= 0.9), ""
             fixed_rate, fixed_none, gated_fixed = fixed["tok_per_s"], f"{fixed_none:.2f}", f"{gated_fixed:.2f}"
+        aa = "-" if control is None else f"{paired(control, none):.2f} ({spread(control, none)})"
         lines.append(f"| {pair} | {c} | {none['tok_per_s']} | {fixed_rate} | {gated['tok_per_s']} | {fixed_none} | "
-                     f"{gated_none:.2f} | {spread(gated, none)} | {gated_fixed} | {'met' if ok else 'MISSED'}{note} |")
+                     f"{gated_none:.2f} | {spread(gated, none)} | {aa} | {gated_fixed} | {'met' if ok else 'MISSED'}{note} |")
     return "\n".join(lines)
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
