@@ -7,17 +7,18 @@ Pairs:
   is always right or always wrong (``tests/fixtures/predictable.py``);
 * ``trained``: the trained Qwen3.6-architecture pair (``tests/assets/trained``) on held-out code.
 
-For each pair, three engines live in one process: no speculation, DFlash with every draft verified
+For each pair, the engines live in one process: no speculation, DFlash with every draft verified
 (``fixed``: the gate off), and DFlash under vllm-luce's gate (``gated``); ``--modes none gated``
 leaves fixed out (on a slow CPU, fixed DFlash on the trained pair ran at a quarter to a tenth of the
-others' speed). ``--modes none control gated`` adds ``control``, a second engine without speculation: its
-throughput over ``none``'s is an A/A ratio, the difference two identical engines show in this run. On the
-2-core development host that ratio's median ranged 0.90-1.13 over ten cells (``docs/benchmarks.md``,
-session 31), so a gated/none median is read against it. At each concurrency (requests submitted together) every engine runs a warm-up pass
-(the gate calibrates there), then the engines take turns for ``--repeats`` measured passes each, so
-a drift of the machine's speed reaches all three alike. The order rotates from round to round, so no
-engine always follows the same one. Throughput is generated tokens / wall seconds; a cell is the median of its passes (all of
-them are in the JSON). A ratio is the median over rounds of the two engines' ratio within a round:
+others' speed). ``--modes none control gated`` adds ``control``, a second engine without speculation:
+its throughput over ``none``'s is an A/A ratio, the difference two identical engines show in this run.
+On the 2-core development host that ratio's median ranged 0.90-1.13 over ten cells
+(``docs/benchmarks.md``, session 31), so a gated/none median is read against it. At each concurrency
+(requests submitted together) every engine runs a warm-up pass (the gate calibrates there), then the
+engines take turns for ``--repeats`` measured passes each, so a drift of the machine's speed reaches
+them all alike. The order rotates from round to round, so no engine always follows the same one.
+Throughput is generated tokens / wall seconds; a cell is the median of its passes (all of them are in
+the JSON). A ratio is the median over rounds of the two engines' ratio within a round:
 this machine's speed changes by up to 2x for seconds at a time (other tenants of the host; CPU time
 slows with it), and passes of one round see the same speed. Goals (issue 4): gated >= 0.95x none
 everywhere; gated >= 0.9x fixed where fixed beats none.
@@ -212,8 +213,8 @@ def spread(a: dict, b: dict) -> str:
 
 def summarize(rows: list[dict]) -> str:
     by = {(r["pair"], r["mode"], r["concurrency"]): r for r in rows}
-    lines = ["| pair | concurrency | none tok/s | fixed tok/s | gated tok/s | fixed/none | gated/none | gated/none rounds "
-             "(quartiles) | control/none (A/A) | gated/fixed | goals |",
+    lines = ["| pair | concurrency | none tok/s | fixed tok/s | gated tok/s | fixed/none | gated/none "
+             "| gated/none rounds (quartiles) | control/none (A/A) | gated/fixed | goals |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for pair, c in sorted({(r["pair"], r["concurrency"]) for r in rows}):
         none, control, fixed, gated = (by.get((pair, m, c)) for m in MODES)
@@ -229,8 +230,10 @@ def summarize(rows: list[dict]) -> str:
             fixed_rate, fixed_none, gated_fixed = fixed["tok_per_s"], f"{fixed_none:.2f}", f"{gated_fixed:.2f}"
         aa = "-" if control is None else f"{paired(control, none):.2f} ({spread(control, none)})"
         lines.append(f"| {pair} | {c} | {none['tok_per_s']} | {fixed_rate} | {gated['tok_per_s']} | {fixed_none} | "
-                     f"{gated_none:.2f} | {spread(gated, none)} | {aa} | {gated_fixed} | {'met' if ok else 'MISSED'}{note} |")
+                     f"{gated_none:.2f} | {spread(gated, none)} | {aa} | {gated_fixed} | "
+                     f"{'met' if ok else 'MISSED'}{note} |")
     return "\n".join(lines)
+
 
 if __name__ == "__main__":
     raise SystemExit(main())
