@@ -13,10 +13,12 @@ leaves fixed out (on a slow CPU, fixed DFlash on the trained pair ran at a quart
 others' speed). ``--modes none control gated`` adds ``control``, a second engine without speculation:
 its throughput over ``none``'s is an A/A ratio, the difference two identical engines show in this run.
 On the 2-core development host that ratio's median ranged 0.90-1.13 over ten cells
-(``docs/benchmarks.md``, session 31), so a gated/none median is read against it. At each concurrency
-(requests submitted together) every engine runs a warm-up pass (the gate calibrates there), then the
-engines take turns for ``--repeats`` measured passes each, so a drift of the machine's speed reaches
-them all alike. The order rotates from round to round, so no engine always follows the same one.
+(``docs/benchmarks.md``, session 31), so a gated/none median is read against it. ``--instances N``
+builds each pair's engines N times, each set in a child process of its own, and pools their rounds per
+cell: that averages the bias of one set of engines, which more rounds of the same set cannot. At each
+concurrency (requests submitted together) every engine runs a warm-up pass (the gate calibrates there),
+then the engines take turns for ``--repeats`` measured passes each, so a drift of the machine's speed
+reaches them all alike. The order rotates from round to round, so no engine always follows the same one.
 Throughput is generated tokens / wall seconds; a cell is the median of its passes (all of them are in
 the JSON). A ratio is the median over rounds of the two engines' ratio within a round:
 this machine's speed changes by up to 2x for seconds at a time (other tenants of the host; CPU time
@@ -123,31 +125,63 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", choices=MODES, default=["none", "fixed", "gated"],
                     help="engines to run (without fixed, the gated/fixed goal is not checked; control: an A/A "
                          "engine without speculation)")
+    ap.add_argument("--instances", type=int, default=1,
+                    help="fresh engines per pair, each set in a child process of its own; a cell pools their rounds")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    if args.instances < 1:
+        ap.error(f"--instances must be >= 1, got {args.instances}")
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args.kv_cache_gib)
-    if len(args.pairs) > 1:
-        results = run_pairs_apart(args.pairs, argv if argv is not None else sys.argv[1:])
+    if len(args.pairs) > 1 or args.instances > 1:
+        rows = run_pairs_apart(args.pairs, args.instances, argv if argv is not None else sys.argv[1:])
+        results = pool_instances(rows)
     else:
-        results = measure(args.pairs[0], args)
+        results = rows = measure(args.pairs[0], args)
     table = summarize(results)
     print(table)
     if args.json:
-        args.json.write_text(json.dumps({"rows": results, "table": table}, indent=1) + "\n")
+        args.json.write_text(json.dumps({"rows": results, "instance_rows": rows, "table": table}, indent=1)
+                             + "\n")
     return 0
 
 
-def run_pairs_apart(names: list[str], argv: list[str]) -> list[dict]:
-    """Each pair in a child process with these arguments; their rows, in order."""
+def run_pairs_apart(names: list[str], instances: int, argv: list[str]) -> list[dict]:
+    """Each pair ``instances`` times, each time in a child process with these arguments; their rows, in order,
+    each tagged with its instance."""
     rows = []
+    child = strip_option(strip_option(strip_option(argv, "--pairs"), "--json"), "--instances")
     with tempfile.TemporaryDirectory() as tmp:
         for pair in names:
-            out = Path(tmp) / f"{pair}.json"
-            child = strip_option(strip_option(argv, "--pairs"), "--json")
-            subprocess.run([sys.executable, "-m", "benchmarks.dflash_throughput", *child, "--pairs", pair,
-                            "--json", str(out)], check=True)
-            rows += json.loads(out.read_text())["rows"]
+            for instance in range(instances):
+                out = Path(tmp) / f"{pair}-{instance}.json"
+                subprocess.run([sys.executable, "-m", "benchmarks.dflash_throughput", *child, "--pairs", pair,
+                                "--json", str(out)], check=True)
+                rows += [{**row, "instance": instance} for row in json.loads(out.read_text())["rows"]]
     return rows
+
+
+def pool_instances(rows: list[dict]) -> list[dict]:
+    """One row per pair, mode and concurrency: the instances' passes in instance order (so two modes' passes
+    still pair up round by round), their median, the fewest requests any ran at once and the gate's steps
+    summed. Identical engines built in one process differed by up to 13% over a whole run on the development
+    host (session 31): pooling fresh instances averages that bias, where more rounds of one instance cannot."""
+    pooled: dict[tuple, dict] = {}
+    for row in rows:
+        key = (row["pair"], row["mode"], row["concurrency"])
+        cell = pooled.get(key)
+        if cell is None:
+            pooled[key] = {k: v for k, v in row.items() if k != "instance"} | {
+                "tok_per_s_passes": list(row["tok_per_s_passes"]), "instances": 1,
+                **({"gate": dict(row["gate"])} if "gate" in row else {})}
+            continue
+        cell["tok_per_s_passes"] += row["tok_per_s_passes"]
+        cell["instances"] += 1
+        cell["peak_running"] = min(cell["peak_running"], row["peak_running"])
+        for mode, steps in row.get("gate", {}).items():
+            cell["gate"][mode] = cell["gate"].get(mode, 0) + steps
+    for cell in pooled.values():
+        cell["tok_per_s"] = round(statistics.median(cell["tok_per_s_passes"]), 1)
+    return list(pooled.values())
 
 
 def strip_option(argv: list[str], name: str) -> list[str]:
