@@ -5,7 +5,8 @@ timed one after the other in the same run.
     python -m benchmarks.cpu_bf16_fallbacks [--repeats 5]
 
 Shapes are the trained Qwen3.6 test model's (hidden 256, MLP 512, vocabulary 4096, GDN 2 heads of 128, conv
-width 4 over 768 channels; its DFlash drafter's 2 layers of 2 K/V heads of 64) and one 4096-wide layer. Prints median ms and vLLM / ours (above 1: ours is faster).
+width 4 over 768 channels; its DFlash drafter's 2 layers of 2 K/V heads of 64) and one 4096-wide layer.
+Prints median ms and vLLM / ours (above 1: ours is faster).
 Then end to end: 16 prompts of about 220 tokens and 40 greedy tokens through an in-process ``LLM`` on the
 trained target, in two child processes one after the other: vllm-luce without these three patches (on such a
 CPU the conv patch does nothing else), then with them.
