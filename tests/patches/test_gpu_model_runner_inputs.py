@@ -65,7 +65,17 @@ def test_the_speculative_config_comes_back_when_vllms_code_raises(monkeypatch):
     runner, so, spec, plain = make()
     with pytest.raises(RuntimeError, match="boom"):
         run(runner, so, plain, monkeypatch, fail=True)
-    assert runner.speculative_config is spec
+    assert runner.speculative_config is spec and P.draft_free_output(runner) is None
+
+
+def test_the_plain_path_marks_its_step_for_the_later_patches_and_any_other_step_clears_it(monkeypatch):
+    runner, so, spec, plain = make()
+    assert P.draft_free_output(runner) is None  # before any step
+    run(runner, so, plain, monkeypatch)
+    assert P.draft_free_output(runner) is so
+    drafting = SimpleNamespace(scheduled_spec_decode_tokens={"r": [5]}, num_spec_tokens_to_schedule=0)
+    run(runner, drafting, plain, monkeypatch)
+    assert P.draft_free_output(runner) is None
 
 
 @pytest.mark.parametrize("change", [dict(drafts={"r": [5, 6]}), dict(mode="align"), dict(plain=False)])

@@ -12,7 +12,9 @@ instead, so the step builds the Gated DeltaNet metadata and runs the decode of a
 speculation.
 
 The proposer then runs with no speculative metadata, which ``gpu_model_runner_propose`` serves (it
-holds the step's context and drafts nothing); this path is taken only where that one is.
+holds the step's context and drafts nothing); this path is taken only where that one is. The step's
+scheduler output is kept on the runner (``draft_free_output``): ``gpu_model_runner_preprocess`` and
+``gpu_model_runner_sample`` take their plain paths for that step only.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ def draft_free_step(runner, scheduler_output) -> bool:
             and not any(scheduler_output.scheduled_spec_decode_tokens.values())
             and runner.cache_config.mamba_cache_mode != "align"
             and holds_plain_step(runner, scheduler_output))
+
+
+def draft_free_output(runner):
+    """The scheduler output of the step whose inputs this patch prepared on the plain path; None after any
+    other step."""
+    return getattr(runner, "_luce_draft_free_output", None)
 
 
 def reads_draft_counts(runner) -> bool:
@@ -73,12 +81,15 @@ def _make_wrapper(original):
     @functools.wraps(original)
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
         if not draft_free_step(self, scheduler_output):
+            self._luce_draft_free_output = None
             return original(self, scheduler_output, num_scheduled_tokens)
+        self._luce_draft_free_output = None  # set once vLLM's code has prepared the step
         spec, self.speculative_config = self.speculative_config, None
         try:
             out = original(self, scheduler_output, num_scheduled_tokens)
         finally:
             self.speculative_config = spec
+        self._luce_draft_free_output = scheduler_output
         if not reads_draft_counts(self):
             return out
         n = self.input_batch.num_reqs

@@ -201,6 +201,38 @@ LEDGER: tuple[LedgerEntry, ...] = (
         remove_when="V1's model runner takes its plain input path on steps without drafts.",
     ),
     LedgerEntry(
+        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._preprocess",
+        signature="(self, scheduler_output: 'SchedulerOutput', num_input_tokens: int, intermediate_tensors: "
+                  "vllm.sequence.IntermediateTensors | None = None) -> tuple[torch.Tensor | None, torch.Tensor | "
+                  "None, torch.Tensor, vllm.sequence.IntermediateTensors | None, dict[str, typing.Any], "
+                  "vllm.v1.outputs.ECConnectorOutput | None]",
+        module="vllm_luce.patches.gpu_model_runner_preprocess",
+        why="V1's runner clamps every step's input ids of a speculating engine (asynchronous scheduling leaves "
+            "-1 at draft positions), including the DFlash gate's plain steps, which have no draft position: "
+            "9 us of a 1.6 ms step on CPU.",
+        how="Wraps _preprocess: the step that gpu_model_runner_inputs prepared on the plain path runs vLLM's "
+            "own code with the speculative config hidden, as an engine without speculation does. Every other "
+            "step runs vLLM's code.",
+        remove_when="V1's runner clamps input ids only on steps with draft positions.",
+    ),
+    LedgerEntry(
+        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens",
+        signature="(self, grammar_output: 'GrammarOutput | None') -> vllm.v1.outputs.ModelRunnerOutput | "
+                  "vllm.v1.outputs.AsyncModelRunnerOutput | vllm.sequence.IntermediateTensors",
+        module="vllm_luce.patches.gpu_model_runner_sample",
+        why="After sampling, V1's runner runs its speculative block on every step of a speculating engine "
+            "(drafter fit and kind checks, the call into the proposer, the draft copy for the scheduler), "
+            "including the DFlash gate's plain steps, which only hold the drafter's context: 18 us of a "
+            "1.6 ms step on CPU.",
+        how="Wraps sample_tokens: with synchronous scheduling, the step that gpu_model_runner_inputs prepared "
+            "on the plain path runs vLLM's own code with the speculative config hidden (one token per request, "
+            "plain bookkeeping, no drafts for the scheduler), then holds the step's drafter context from the "
+            "step state vLLM kept (as gpu_model_runner_propose does), records one accepted token per request "
+            "on hybrid targets (vLLM's own update, given rows of one token) and finalizes the KV connector. "
+            "Every other step runs vLLM's code.",
+        remove_when="V1's runner skips its speculative block on steps that draft nothing.",
+    ),
+    LedgerEntry(
         target="vllm.v1.sample.rejection_sampler:RejectionSampler.forward",
         signature="(self, metadata: 'SpecDecodeMetadata', draft_probs: 'torch.Tensor | None', logits: "
                   "'torch.Tensor', sampling_metadata: 'SamplingMetadata') -> 'SamplerOutput'",

@@ -1,0 +1,89 @@
+"""V1's ``sample_tokens`` on the step ``gpu_model_runner_inputs`` prepared on the plain path: vLLM's own code
+with the speculative config hidden, then the step's drafter context held as ``gpu_model_runner_propose``
+holds it, one accepted token per request recorded on hybrid targets, and the KV connector finalized. Every
+other step, and asynchronous scheduling, keep vLLM's code.
+(End to end, tests/e2e/test_dflash_gate.py checks greedy output and drafts while the gate switches modes.)"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("vllm.v1.spec_decode.dflash")
+
+from vllm_luce.patches import gpu_model_runner_sample as P  # noqa: E402
+from vllm_luce.patches.dflash_proposer import deferred  # noqa: E402
+
+
+def make(*, marked=True, hybrid=False, async_scheduling=False, rows=10):
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+
+    drafter = DFlashProposer.__new__(DFlashProposer)  # only the attributes the hold touches
+    drafter.max_num_tokens, drafter.block_size, drafter.num_speculative_tokens = 64, 16, 15
+    so = SimpleNamespace(total_num_scheduled_tokens=7)
+    aux = [torch.randn(rows, 4), torch.randn(rows, 4)]
+    cad = SimpleNamespace(num_actual_tokens=7, slot_mapping=torch.arange(200, 200 + rows))
+    state = SimpleNamespace(scheduler_output=so, aux_hidden_states=aux, hidden_states=torch.randn(rows, 4),
+                            spec_decode_common_attn_metadata=cad)
+    spec = SimpleNamespace(name="dflash")
+    events = []
+    runner = SimpleNamespace(
+        execute_model_state=state, _luce_draft_free_output=so if marked else None, speculative_config=spec,
+        use_async_scheduling=async_scheduling, model_config=SimpleNamespace(is_hybrid=hybrid), drafter=drafter,
+        use_aux_hidden_state_outputs=True, positions=torch.arange(100, 100 + rows), max_num_reqs=8,
+        device=torch.device("cpu"), finalize_kv_connector=lambda: events.append("finalize"))
+    runner._get_positions = lambda n: runner.positions[:n]
+    runner._update_states_after_model_execute = lambda ids, s: events.append(
+        ("accepted", ids.tolist(), s is so, runner.speculative_config is spec))
+    return runner, spec, aux, events
+
+
+def run(runner, fail=False):
+    seen = []
+
+    def original(self, grammar_output):
+        seen.append((self.speculative_config, grammar_output))
+        self.execute_model_state = None  # vLLM clears it before sampling
+        if fail:
+            raise RuntimeError("boom")
+        return SimpleNamespace(req_ids=["a", "b", "c"])
+
+    return P._make_wrapper(original)(runner, "grammar"), seen
+
+
+def test_the_marked_step_samples_plainly_then_holds_its_context_and_finalizes():
+    runner, spec, aux, events = make()
+    out, seen = run(runner)
+    assert out.req_ids == ["a", "b", "c"] and seen == [(None, "grammar")] and runner.speculative_config is spec
+    assert events == ["finalize"] and runner.drafter.num_speculative_tokens == 0
+    features, positions, slots = deferred(runner.drafter).take(torch.tensor([[12, 13]]), 16)  # slots 200-209
+    assert torch.equal(features, torch.cat([a[:7] for a in aux], dim=-1))
+    assert positions.tolist() == list(range(100, 107)) and slots.tolist() == list(range(200, 207))
+
+
+def test_a_hybrid_target_records_one_accepted_token_per_request_through_vllms_update():
+    runner, spec, _, events = make(hybrid=True)
+    run(runner)
+    assert events == [("accepted", [[0], [0], [0]], True, True), "finalize"]  # rows of one token, none rejected
+
+
+@pytest.mark.parametrize("change", [dict(marked=False), dict(async_scheduling=True)])
+def test_other_steps_and_asynchronous_scheduling_keep_vllms_code(change):
+    runner, spec, _, events = make(**change)
+    out, seen = run(runner)
+    assert seen == [(spec, "grammar")] and events == [] and deferred(runner.drafter).take(
+        torch.tensor([[12, 13]]), 16) is None
+
+
+def test_a_step_without_kept_state_keeps_vllms_code():
+    runner, spec, _, events = make()
+    runner.execute_model_state = None
+    _, seen = run(runner)
+    assert seen == [(spec, "grammar")] and events == []
+
+
+def test_the_speculative_config_comes_back_when_vllms_code_raises():
+    runner, spec, _, events = make()
+    with pytest.raises(RuntimeError, match="boom"):
+        run(runner, fail=True)
+    assert runner.speculative_config is spec and events == []
