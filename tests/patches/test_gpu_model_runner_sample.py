@@ -6,6 +6,7 @@ other step, and asynchronous scheduling, keep vLLM's code.
 
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -33,8 +34,8 @@ def make(*, marked=True, hybrid=False, async_scheduling=False, rows=10):
         use_aux_hidden_state_outputs=True, positions=torch.arange(100, 100 + rows), max_num_reqs=8,
         device=torch.device("cpu"), finalize_kv_connector=lambda: events.append("finalize"))
     runner._get_positions = lambda n: runner.positions[:n]
-    runner._update_states_after_model_execute = lambda ids, s: events.append(
-        ("accepted", ids.tolist(), s is so, runner.speculative_config is spec))
+    runner.input_batch = SimpleNamespace(num_accepted_tokens_cpu=np.array([3, 1, 4, 5]))  # after a verify step
+    runner.num_accepted_tokens = SimpleNamespace(gpu=torch.tensor([3, 1, 4, 5]))
     return runner, spec, aux, events
 
 
@@ -61,10 +62,33 @@ def test_the_marked_step_samples_plainly_then_holds_its_context_and_finalizes():
     assert positions.tolist() == list(range(100, 107)) and slots.tolist() == list(range(200, 207))
 
 
-def test_a_hybrid_target_records_one_accepted_token_per_request_through_vllms_update():
-    runner, spec, _, events = make(hybrid=True)
-    run(runner)
-    assert events == [("accepted", [[0], [0], [0]], True, True), "finalize"]  # rows of one token, none rejected
+@pytest.mark.parametrize("hybrid", [True, False])
+def test_a_hybrid_target_records_one_accepted_token_per_request(hybrid):
+    """As vLLM's own update does for rows of one sampled token (its result checked against it below)."""
+    runner, spec, _, events = make(hybrid=hybrid)
+    run(runner)  # three requests
+    want = [1, 1, 1, 5] if hybrid else [3, 1, 4, 5]
+    assert runner.input_batch.num_accepted_tokens_cpu.tolist() == want
+    assert runner.num_accepted_tokens.gpu.tolist() == want and events == ["finalize"]
+
+
+def test_the_recorded_counts_are_what_vllms_update_records_for_one_token_rows():
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    def runner():
+        return SimpleNamespace(
+            speculative_config=object(), model_config=SimpleNamespace(is_hybrid=True),
+            cache_config=SimpleNamespace(mamba_cache_mode="none"), num_accepted_tokens_event=SimpleNamespace(
+                record=lambda: None), input_batch=SimpleNamespace(
+                num_accepted_tokens_cpu_tensor=torch.tensor([3, 1, 4, 5], dtype=torch.int32)),
+            num_accepted_tokens=SimpleNamespace(gpu=torch.tensor([3, 1, 4, 5], dtype=torch.int32)))
+
+    theirs, ours = runner(), runner()
+    GPUModelRunner._update_states_after_model_execute(theirs, torch.zeros(3, 1, dtype=torch.int32), None)
+    ours.input_batch.num_accepted_tokens_cpu = ours.input_batch.num_accepted_tokens_cpu_tensor.numpy()
+    P.record_one_accepted_token(ours, 3)
+    assert torch.equal(theirs.input_batch.num_accepted_tokens_cpu_tensor, ours.input_batch.num_accepted_tokens_cpu_tensor)
+    assert torch.equal(theirs.num_accepted_tokens.gpu, ours.num_accepted_tokens.gpu)
 
 
 @pytest.mark.parametrize("change", [dict(marked=False), dict(async_scheduling=True)])

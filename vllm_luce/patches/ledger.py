@@ -228,7 +228,8 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "on the plain path runs vLLM's own code with the speculative config hidden (one token per request, "
             "plain bookkeeping, no drafts for the scheduler), then holds the step's drafter context from the "
             "step state vLLM kept (as gpu_model_runner_propose does), records one accepted token per request "
-            "on hybrid targets (vLLM's own update, given rows of one token) and finalizes the KV connector. "
+            "on hybrid targets (what vLLM's update records for rows of one token: the input batch's host counts "
+            "and the device counts) and finalizes the KV connector. "
             "Every other step runs vLLM's code.",
         remove_when="V1's runner skips its speculative block on steps that draft nothing.",
     ),
