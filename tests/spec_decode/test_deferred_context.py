@@ -159,3 +159,25 @@ def test_vllms_cpu_cache_write_skips_the_padding_slot(isa):
     ops.cpu_attn_reshape_and_cache(k, v, key_cache, value_cache, torch.tensor([5, PADDING_SLOT, 70]), isa)
     written = int((cache != 0).sum())
     assert written == 2 * 2 * heads * head, written  # two tokens' K and V, nothing for the padding row
+
+
+@pytest.mark.parametrize("alike", [True, False])
+def test_a_take_by_reference_keeps_the_live_rows_of_mixed_steps_in_order(alike):
+    """Steps whose writes are all dropped are skipped before concatenating, the others' dropped rows removed:
+    the same rows as concatenating every step and removing the dropped rows after."""
+    g = torch.Generator().manual_seed(1)
+    store = DeferredContextByReference(max_tokens=1000)
+    held = []
+    blocks = [[1, 2], [3], [1, 5], [6, 2, 6], [3, 3]]  # live blocks: 1, 2 and 6 (8 slots per block)
+    for i, step in enumerate(blocks):
+        slots = torch.tensor([b * 8 + i + 2 * j for j, b in enumerate(step)])  # no slot written twice
+        widths = (2, 3) if alike or i % 2 else (4, 1)
+        parts = [torch.randn(len(step), w, generator=g) for w in widths]
+        held.append((torch.cat(parts, dim=-1), slots))
+        store.hold(parts, slots + 100, slots)
+    features, positions, slots = store.take(torch.tensor([[1, 2], [6, 0]]), 8)
+    everything = torch.cat([f for f, _ in held])
+    all_slots = torch.cat([s for _, s in held])
+    want = torch.tensor([s // 8 in (1, 2, 6) for s in all_slots.tolist()])
+    assert slots.tolist() == all_slots[want].tolist() and positions.tolist() == (all_slots[want] + 100).tolist()
+    assert torch.equal(features, everything[want])

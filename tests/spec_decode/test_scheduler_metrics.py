@@ -3,6 +3,7 @@
 
 from types import SimpleNamespace
 
+import pytest
 from pytest import approx
 
 from vllm_luce.spec_decode import scheduler as S
@@ -138,15 +139,31 @@ def test_a_step_is_observed_in_the_regime_its_mode_was_decided_for(monkeypatch):
 
 
 def test_prompt_pending_while_a_request_waits_or_a_prompt_is_in_chunks():
-    def pending(waiting, *rows):
+    def pending(waiting, *rows, after_prompt=True):
         fake = SimpleNamespace(waiting=waiting, running=[SimpleNamespace(num_tokens=n, num_computed_tokens=c)
-                                                         for n, c in rows])
+                                                         for n, c in rows], _luce_prompt_rows=after_prompt)
         return S.DFlashGateMixin.luce_prompt_pending(fake)
 
     assert not pending([], (100, 99), (40, 39))  # every running request decodes its newest token
     assert pending([object()], (100, 99))  # a request waits
     assert pending([], (100, 99), (900, 320))  # a prompt in chunks
     assert not pending([], (100, 101))  # async scheduling counts drafts computed ahead
+    # After a step without prompt tokens no running request can have a prompt left: no scan
+    assert not pending([], (100, 99), (900, 320), after_prompt=False) and pending([object()], after_prompt=False)
+
+
+@pytest.mark.parametrize("new, scheduled, drafts, want", [
+    ([], {"a": 1, "b": 1}, {}, False),  # decode rows
+    ([], {"a": 16, "b": 1}, {"a": list(range(15))}, False),  # a verify row: its newest token and 15 drafts
+    ([], {"a": 1, "b": 64}, {}, True),  # a prompt chunk
+    ([], {"a": 16, "b": 64}, {"a": list(range(15))}, True),  # a prompt chunk beside a verify row
+    (["c"], {"a": 1, "c": 1}, {}, True),  # a new request, even of one token
+])
+def test_a_step_carries_prompt_tokens_when_a_row_computes_more_than_its_token_and_drafts(new, scheduled, drafts,
+                                                                                       want):
+    out = SimpleNamespace(scheduled_new_reqs=new, num_scheduled_tokens=scheduled, scheduled_spec_decode_tokens=drafts,
+                          total_num_scheduled_tokens=sum(scheduled.values()))
+    assert S.carries_prompt_tokens(out) is want
 
 
 class _RecordingScheduler:
@@ -157,7 +174,8 @@ class _RecordingScheduler:
         spec = self.vllm_config.speculative_config
         self.reserved.append(spec.max_num_new_slots_for_drafting if spec is not None else 0)
         self.asked.append(self.dynamic_sd_lookup[len(self.running)])
-        return SimpleNamespace(num_spec_tokens_to_schedule=self.asked[-1])
+        return SimpleNamespace(num_spec_tokens_to_schedule=self.asked[-1], scheduled_new_reqs=[],
+                               scheduled_spec_decode_tokens={}, num_scheduled_tokens={}, total_num_scheduled_tokens=0)
 
 
 class _Gated(S.DFlashGateMixin, _RecordingScheduler):
@@ -177,7 +195,7 @@ def _gated_scheduler(gate, running: int, waiting: int):
     sched.dynamic_sd_lookup = S.GatedLookup(sched)
     sched._luce_scheduled_at, sched._luce_regime = {}, None
     sched._luce_plain_config = PlainStepConfig(sched.vllm_config)
-    sched._luce_drafts_held = True
+    sched._luce_drafts_held = sched._luce_prompt_rows = True
     sched.reserved, sched.asked = [], []
     return sched
 
