@@ -159,7 +159,7 @@ class DFlashGateMixin:
         after preemption). Read before scheduling (``GatedLookup.plan``). Only a step that carried prompt tokens
         leaves a running request more than one token to compute (a request enters the running ones from the
         waiting ones), so after a step without any the running requests are not scanned: at batch 64 on CPU
-        the scan took about 30 us a step."""
+        the scan took about 20 us of the plan's 37 us a step."""
         return bool(self.waiting) or self._luce_prompt_rows and any(
             r.num_tokens - r.num_computed_tokens > 1 for r in self.running)
 
