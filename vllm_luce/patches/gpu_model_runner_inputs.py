@@ -37,6 +37,16 @@ def draft_free_step(runner, scheduler_output) -> bool:
             and holds_plain_step(runner, scheduler_output))
 
 
+def without_speculative_config(call, runner, *args):
+    """``call(runner, *args)`` with the runner's speculative config hidden (None), as in an engine without
+    speculation; restored afterwards, also when the call raises."""
+    spec, runner.speculative_config = runner.speculative_config, None
+    try:
+        return call(runner, *args)
+    finally:
+        runner.speculative_config = spec
+
+
 def draft_free_output(runner):
     """The scheduler output of the step whose inputs this patch prepared on the plain path; None after any
     other step."""
@@ -84,11 +94,7 @@ def _make_wrapper(original):
             self._luce_draft_free_output = None
             return original(self, scheduler_output, num_scheduled_tokens)
         self._luce_draft_free_output = None  # set once vLLM's code has prepared the step
-        spec, self.speculative_config = self.speculative_config, None
-        try:
-            out = original(self, scheduler_output, num_scheduled_tokens)
-        finally:
-            self.speculative_config = spec
+        out = without_speculative_config(original, self, scheduler_output, num_scheduled_tokens)
         self._luce_draft_free_output = scheduler_output
         if not reads_draft_counts(self):
             return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 
 from vllm_luce.patches import ledger_signature, wrap_method
-from vllm_luce.patches.gpu_model_runner_inputs import draft_free_output
+from vllm_luce.patches.gpu_model_runner_inputs import draft_free_output, without_speculative_config
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._preprocess"
 
@@ -23,11 +23,7 @@ def _make_wrapper(original):
     def _preprocess(self, scheduler_output, num_input_tokens, intermediate_tensors=None):
         if draft_free_output(self) is not scheduler_output:
             return original(self, scheduler_output, num_input_tokens, intermediate_tensors)
-        spec, self.speculative_config = self.speculative_config, None
-        try:
-            return original(self, scheduler_output, num_input_tokens, intermediate_tensors)
-        finally:
-            self.speculative_config = spec
+        return without_speculative_config(original, self, scheduler_output, num_input_tokens, intermediate_tensors)
 
     return _preprocess
 

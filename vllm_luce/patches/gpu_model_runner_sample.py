@@ -24,7 +24,7 @@ import torch
 
 from vllm_luce.patches import ledger_signature, wrap_method
 from vllm_luce.patches.dflash_proposer import hold_plain_step
-from vllm_luce.patches.gpu_model_runner_inputs import draft_free_output
+from vllm_luce.patches.gpu_model_runner_inputs import draft_free_output, without_speculative_config
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens"
 
@@ -53,15 +53,10 @@ def _make_wrapper(original):
         state = self.execute_model_state
         if not samples_plain(self, state):
             return original(self, grammar_output)
-        spec, self.speculative_config = self.speculative_config, None
-        try:
-            output = original(self, grammar_output)
-        finally:
-            self.speculative_config = spec
-        so = state.scheduler_output
+        output = without_speculative_config(original, self, grammar_output)
         if self.model_config.is_hybrid:  # what vLLM's speculative path records: one accepted token per row
             record_one_accepted_token(self, len(output.req_ids))
-        n = so.total_num_scheduled_tokens
+        n = state.scheduler_output.total_num_scheduled_tokens
         features = state.aux_hidden_states if self.use_aux_hidden_state_outputs else state.hidden_states
         hold_plain_step(self.drafter, self._get_positions(n), features, state.spec_decode_common_attn_metadata)
         self.finalize_kv_connector()

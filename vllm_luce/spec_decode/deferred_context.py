@@ -210,10 +210,10 @@ class DeferredContextByReference(DeferredContext):
             return None
         positions = torch.tensor(positions, **index)
         if not all(live):  # only those steps' rows
-            steps = torch.tensor(live, device=device).repeat_interleave(
-                torch.tensor([e - b for b, e in zip([0] + ends[:-1], ends)], device=device))
+            of_live_steps = torch.tensor(live, device=device).repeat_interleave(
+                torch.tensor([e - b for b, e in zip([0] + ends[:-1], ends)], device=device))  # row mask
             held = [parts for parts, alive in zip(held, live) if alive]
-            keep, positions, slots = keep[steps], positions[steps], slots[steps]
+            keep, positions, slots = keep[of_live_steps], positions[of_live_steps], slots[of_live_steps]
         rows = None if kept_by_end[-1] == keep.numel() else keep.nonzero().squeeze(1)
         if rows is not None:
             positions, slots = positions[rows], slots[rows]
