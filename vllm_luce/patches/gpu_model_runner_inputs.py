@@ -90,10 +90,9 @@ def gdn_draft_counts(num_computed: np.ndarray, num_prompt: np.ndarray, num_sched
 def _make_wrapper(original):
     @functools.wraps(original)
     def _prepare_inputs(self, scheduler_output, num_scheduled_tokens):
+        self._luce_draft_free_output = None  # set once vLLM's code has prepared a draft-free step
         if not draft_free_step(self, scheduler_output):
-            self._luce_draft_free_output = None
             return original(self, scheduler_output, num_scheduled_tokens)
-        self._luce_draft_free_output = None  # set once vLLM's code has prepared the step
         out = without_speculative_config(original, self, scheduler_output, num_scheduled_tokens)
         self._luce_draft_free_output = scheduler_output
         if not reads_draft_counts(self):

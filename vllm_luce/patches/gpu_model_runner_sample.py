@@ -23,8 +23,8 @@ import functools
 import torch
 
 from vllm_luce.patches import ledger_signature, wrap_method
-from vllm_luce.patches.dflash_proposer import hold_plain_step
 from vllm_luce.patches.gpu_model_runner_inputs import draft_free_output, without_speculative_config
+from vllm_luce.patches.gpu_model_runner_propose import hold_step_context
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens"
 
@@ -56,9 +56,8 @@ def _make_wrapper(original):
         output = without_speculative_config(original, self, grammar_output)
         if self.model_config.is_hybrid:  # what vLLM's speculative path records: one accepted token per row
             record_one_accepted_token(self, len(output.req_ids))
-        n = state.scheduler_output.total_num_scheduled_tokens
-        features = state.aux_hidden_states if self.use_aux_hidden_state_outputs else state.hidden_states
-        hold_plain_step(self.drafter, self._get_positions(n), features, state.spec_decode_common_attn_metadata)
+        hold_step_context(self, state.scheduler_output, state.hidden_states, state.aux_hidden_states,
+                          state.spec_decode_common_attn_metadata)
         self.finalize_kv_connector()
         return output
 
