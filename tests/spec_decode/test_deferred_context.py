@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vllm_luce.spec_decode.deferred_context import (PADDING_SLOT, DeferredContext, DeferredContextByReference,
-                                                    in_live_blocks, last_writes)
+                                                    in_live_blocks, last_writes, pad_rows, padded_rows)
 
 ALL_LIVE = torch.tensor([[1, 2, 3, 4]])  # blocks of 8 slots: slots 8-39
 STORES = pytest.mark.parametrize("store_type", [DeferredContext, DeferredContextByReference],
@@ -181,3 +181,16 @@ def test_a_take_by_reference_keeps_the_live_rows_of_mixed_steps_in_order(alike):
     want = torch.tensor([s // 8 in (1, 2, 6) for s in all_slots.tolist()])
     assert slots.tolist() == all_slots[want].tolist() and positions.tolist() == (all_slots[want] + 100).tolist()
     assert torch.equal(features, everything[want])
+
+
+def test_context_writes_are_padded_to_row_counts_that_repeat():
+    """At most 1/8 more rows, eight counts per power of two; the padding rows write nothing."""
+    counts = {padded_rows(n) for n in range(1, 4097)}
+    assert all(n <= padded_rows(n) <= n * 9 / 8 for n in range(1, 4097)) and len(counts) < 16 + 8 * 9
+    assert [padded_rows(n) for n in (1, 15, 16, 17, 128, 129, 687)] == [1, 15, 16, 18, 128, 144, 704]
+    features, positions, slots = torch.randn(129, 5), torch.arange(129) + 3, torch.arange(129) + 40
+    f, p, s = pad_rows(features, positions, slots)
+    assert f.shape == (144, 5) and torch.equal(f[:129], features) and f[129:].eq(0).all()
+    assert torch.equal(p[:129], positions) and torch.equal(s[:129], slots) and s[129:].eq(PADDING_SLOT).all()
+    same = pad_rows(features[:128], positions[:128], slots[:128])
+    assert same[0] is not None and same[0].shape[0] == 128 and same[2].tolist() == slots[:128].tolist()

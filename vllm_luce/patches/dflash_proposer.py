@@ -14,7 +14,7 @@ import functools
 import torch
 
 from vllm_luce.patches import ledger_signature, wrap_method
-from vllm_luce.spec_decode.deferred_context import DeferredContext, DeferredContextByReference
+from vllm_luce.spec_decode.deferred_context import DeferredContext, DeferredContextByReference, pad_rows
 
 TARGET = "vllm.v1.spec_decode.dflash:DFlashProposer.propose"
 
@@ -48,6 +48,8 @@ def write_context(proposer, features, positions, slots) -> None:
     concatenate) through fc and hidden_norm into each layer's K/V."""
     if isinstance(features, (list, tuple)):
         features = torch.cat(features, dim=-1)
+    if features.device.type == "cpu":  # row counts that repeat: oneDNN builds a GEMM kernel per new one
+        features, positions, slots = pad_rows(features, positions, slots)
     proposer.model.precompute_and_store_context_kv(proposer.model.combine_hidden_states(features), positions,
                                                    slots.long())
 

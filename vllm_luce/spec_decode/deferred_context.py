@@ -64,6 +64,26 @@ def live_last_writes(slots: torch.Tensor, block_table: torch.Tensor, block_size:
     return torch.where(writes_to_keep(slots, block_table, block_size), slots, PADDING_SLOT)
 
 
+def padded_rows(n: int) -> int:
+    """``n`` rounded up to one of eight sizes per power of two (at most 1/8 more rows)."""
+    step = 1 << max(0, n.bit_length() - 4)
+    return -(-n // step) * step
+
+
+def pad_rows(features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Context writes padded to ``padded_rows`` rows: zero features at position 0 to ``PADDING_SLOT``, which the
+    cache write skips. On CPU, oneDNN builds a GEMM kernel for each new row count: a context pass of a new
+    count took 0.5-0.6 ms more per projection (twice per pass) than one of a count seen before (trained and
+    predictable pairs, 2-core CPU), so a held context's rows, a new count at nearly every take, are rounded to
+    sizes that repeat."""
+    pad = padded_rows(features.shape[0]) - features.shape[0]
+    if not pad:
+        return features, positions, slots
+    return (torch.nn.functional.pad(features, (0, 0, 0, pad)), torch.nn.functional.pad(positions, (0, pad)),
+            torch.nn.functional.pad(slots, (0, pad), value=PADDING_SLOT))
+
+
 def _parts(features) -> tuple[torch.Tensor, ...]:
     return tuple(features) if isinstance(features, (list, tuple)) else (features,)
 
@@ -199,24 +219,26 @@ class DeferredContextByReference(DeferredContext):
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         if not self.tokens:
             return None
-        held, positions, slots, ends, device = self._held, self._positions, self._slots, self._ends, self._kind[2]
-        self.clear()
+        held, ends, device = self._held, self._ends, self._kind[2]
         index = dict(dtype=torch.long, device=device)
-        slots = torch.tensor(slots, **index)
+        positions, slots = torch.tensor(self._positions, **index), torch.tensor(self._slots, **index)
+        self.clear()
         keep = writes_to_keep(slots, block_table, block_size)
-        kept_by_end = keep.cumsum(0)[torch.tensor(ends, device=device) - 1].tolist()  # writes kept up to each step
-        live = [k > before for k, before in zip(kept_by_end, [0] + kept_by_end[:-1])]  # steps with a write to keep
-        if not kept_by_end[-1]:
+        ends = torch.tensor(ends, **index)
+        kept_by_end = keep.cumsum(0)[ends - 1]  # writes kept up to each step's end
+        kept = int(kept_by_end[-1])
+        if not kept:
             return None
-        positions = torch.tensor(positions, **index)
-        if not all(live):  # only those steps' rows
-            of_live_steps = torch.tensor(live, device=device).repeat_interleave(
-                torch.tensor([e - b for b, e in zip([0] + ends[:-1], ends)], device=device))  # row mask
-            held = [parts for parts, alive in zip(held, live) if alive]
-            keep, positions, slots = keep[of_live_steps], positions[of_live_steps], slots[of_live_steps]
-        rows = None if kept_by_end[-1] == keep.numel() else keep.nonzero().squeeze(1)
-        if rows is not None:
+        rows = None  # the kept rows, in the concatenation of the steps that have one; None: all of them
+        if kept < keep.numel():
+            rows = keep.nonzero().squeeze(1)
             positions, slots = positions[rows], slots[rows]
+            live = torch.diff(kept_by_end, prepend=kept_by_end.new_zeros(1)) > 0  # steps with a write to keep
+            alive = live.tolist()
+            if not all(alive):  # only those steps' rows: each kept row moves up by the dropped steps' rows before it
+                dropped = torch.diff(ends, prepend=ends.new_zeros(1)) * ~live
+                rows = rows - (dropped.cumsum(0) - dropped)[torch.searchsorted(ends, rows, right=True)]
+                held = [parts for parts, a in zip(held, alive) if a]
         if len({tuple(p.shape[-1] for p in parts) for parts in held}) == 1:  # alike parts (the runner's)
             layers = [torch.cat(layer) for layer in zip(*held)]  # each target layer's rows, held steps
             if rows is not None:
