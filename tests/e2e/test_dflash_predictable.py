@@ -62,3 +62,38 @@ def test_gate_stops_verifying_a_drafter_that_never_pays(pair):
     assert out == expected(4, 200)
     ungated_drafts = 200 - 1  # one draft per step per request without the gate
     assert stats["num_drafts"] < 0.5 * 4 * ungated_drafts, (stats, gate.summary())
+
+
+def peak_scheduled(target, drafter, *, gate, requests=8, budget=64):
+    """The most requests one step scheduled, in an engine with a token budget of ``budget`` whose gate (when on)
+    runs every step plain."""
+    from vllm import LLM, SamplingParams
+
+    llm = LLM(model=str(target), speculative_config={"model": str(drafter), "method": "dflash"}, enforce_eager=True,
+              max_model_len=512, max_num_batched_tokens=budget, max_num_seqs=requests, dtype="bfloat16", seed=0,
+              additional_config={"luce": {"dflash": {"gate": gate}}})
+    sched = llm.llm_engine.engine_core.engine_core.scheduler
+    if gate:
+        sched.luce_gate.decide = lambda *args, **kwargs: False
+    peak, schedule = [0], sched.schedule
+
+    def counted(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        peak[0] = max(peak[0], len(out.num_scheduled_tokens))
+        return out
+
+    sched.schedule = counted
+    prompts = [{"prompt_token_ids": [t + 50 * i for t in PROMPT]} for i in range(requests)]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outs] == expected(requests, 24)
+    del llm
+    return peak[0]
+
+
+def test_plain_steps_are_scheduled_without_the_draft_slot_reservation(pair):
+    """vLLM's scheduler sets aside K draft slots of the step's token budget for every request it schedules. A step
+    the gate runs plain drafts nothing and is scheduled without them: with a budget of 64 tokens and K = 15, a
+    drafting engine fits 4 decoding requests in a step (16 tokens each), the gate's plain steps all 8."""
+    target, drafters = pair
+    assert peak_scheduled(target, drafters["wrong"], gate=False) <= 64 // (K + 1)
+    assert peak_scheduled(target, drafters["wrong"], gate=True) == 8
