@@ -194,3 +194,20 @@ def test_context_writes_are_padded_to_row_counts_that_repeat():
     assert torch.equal(p[:129], positions) and torch.equal(s[:129], slots) and s[129:].eq(PADDING_SLOT).all()
     same = pad_rows(features[:128], positions[:128], slots[:128])
     assert same[0] is not None and same[0].shape[0] == 128 and same[2].tolist() == slots[:128].tolist()
+
+
+def test_a_take_by_reference_drops_finished_steps_whole_without_a_gather():
+    """Steps of finished requests dropped whole and the others kept whole (a batch that finished together): the
+    kept steps' rows, in order."""
+    g = torch.Generator().manual_seed(2)
+    store = DeferredContextByReference(max_tokens=1000)
+    steps = [[1, 2], [3, 4], [1, 2], [3, 4], [1, 2]]  # blocks of 8 slots; blocks 3 and 4 were freed
+    held = []
+    for i, step in enumerate(steps):
+        slots = torch.tensor([b * 8 + i for b in step])
+        parts = [torch.randn(len(step), w, generator=g) for w in (2, 3)]
+        held.append((torch.cat(parts, dim=-1), slots, i % 2 == 0))
+        store.hold(parts, slots + 100, slots)
+    features, positions, slots = store.take(torch.tensor([[1, 2]]), 8)
+    assert torch.equal(features, torch.cat([f for f, _, live in held if live]))
+    assert slots.tolist() == torch.cat([s for _, s, live in held if live]).tolist() == (positions - 100).tolist()

@@ -237,8 +237,11 @@ class DeferredContextByReference(DeferredContext):
             alive = live.tolist()
             if not all(alive):  # only those steps' rows: each kept row moves up by the dropped steps' rows before it
                 dropped = torch.diff(ends, prepend=ends.new_zeros(1)) * ~live
-                rows = rows - (dropped.cumsum(0) - dropped)[torch.searchsorted(ends, rows, right=True)]
+                dropped_before = dropped.cumsum(0)
                 held = [parts for parts, a in zip(held, alive) if a]
+                # Every row of the steps kept (the finished requests' steps dropped whole): no gather.
+                rows = None if kept + int(dropped_before[-1]) == keep.numel() else (
+                    rows - (dropped_before - dropped)[torch.searchsorted(ends, rows, right=True)])
         if len({tuple(p.shape[-1] for p in parts) for parts in held}) == 1:  # alike parts (the runner's)
             layers = [torch.cat(layer) for layer in zip(*held)]  # each target layer's rows, held steps
             if rows is not None:
