@@ -192,8 +192,8 @@ def test_context_writes_are_padded_to_row_counts_that_repeat():
     f, p, s = pad_rows(features, positions, slots)
     assert f.shape == (144, 5) and torch.equal(f[:129], features) and f[129:].eq(0).all()
     assert torch.equal(p[:129], positions) and torch.equal(s[:129], slots) and s[129:].eq(PADDING_SLOT).all()
-    same = pad_rows(features[:128], positions[:128], slots[:128])
-    assert same[0] is not None and same[0].shape[0] == 128 and same[2].tolist() == slots[:128].tolist()
+    unpadded = features[:128], positions[:128], slots[:128]  # already a size that repeats: returned as given
+    assert all(a is b for a, b in zip(pad_rows(*unpadded), unpadded))
 
 
 def test_a_take_by_reference_drops_finished_steps_whole_without_a_gather():

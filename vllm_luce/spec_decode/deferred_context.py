@@ -73,10 +73,9 @@ def padded_rows(n: int) -> int:
 def pad_rows(features: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Context writes padded to ``padded_rows`` rows: zero features at position 0 to ``PADDING_SLOT``, which the
-    cache write skips. On CPU, oneDNN builds a GEMM kernel for each new row count: a context pass of a new
-    count took 0.5-0.6 ms more per projection (twice per pass) than one of a count seen before (trained and
-    predictable pairs, 2-core CPU), so a held context's rows, a new count at nearly every take, are rounded to
-    sizes that repeat."""
+    cache write skips. On CPU, oneDNN builds a GEMM kernel for each new row count: each of a context pass's two
+    GEMMs took about 0.5 ms more for a row count not seen before (the predictable pair's drafter, 2-core CPU;
+    90 against 835 us for ``fc`` at 128 rows), and a held context has a new count at nearly every take."""
     pad = padded_rows(features.shape[0]) - features.shape[0]
     if not pad:
         return features, positions, slots
