@@ -38,6 +38,7 @@ memory, not the gate. The measured pass reports the most requests that ran at on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -97,8 +98,10 @@ def run_pass(llm, prompts, tokens: int) -> tuple[float, int]:
     return wall, sum(len(o.outputs[0].token_ids) for o in outs)
 
 
-def run_measured(llm, prompts, tokens: int) -> tuple[float, int, int]:
-    """``run_pass`` that also returns the most requests the scheduler ran at once."""
+@contextlib.contextmanager
+def peak_scheduled(llm):
+    """Yields a one-item list that holds, while the block runs, the most requests one step of ``llm``'s scheduler
+    scheduled."""
     sched = llm.llm_engine.engine_core.engine_core.scheduler
     peak, schedule = [0], sched.schedule
 
@@ -109,9 +112,15 @@ def run_measured(llm, prompts, tokens: int) -> tuple[float, int, int]:
 
     sched.schedule = counted
     try:
-        wall, generated = run_pass(llm, prompts, tokens)
+        yield peak
     finally:
         del sched.schedule  # back to the class's method
+
+
+def run_measured(llm, prompts, tokens: int) -> tuple[float, int, int]:
+    """``run_pass`` that also returns the most requests the scheduler ran at once."""
+    with peak_scheduled(llm) as peak:
+        wall, generated = run_pass(llm, prompts, tokens)
     return wall, generated, peak[0]
 
 

@@ -69,22 +69,16 @@ def peak_scheduled(target, drafter, *, gate, requests=8, budget=64):
     runs every step plain."""
     from vllm import LLM, SamplingParams
 
+    from benchmarks.dflash_throughput import peak_scheduled as counting
+
     llm = LLM(model=str(target), speculative_config={"model": str(drafter), "method": "dflash"}, enforce_eager=True,
               max_model_len=512, max_num_batched_tokens=budget, max_num_seqs=requests, dtype="bfloat16", seed=0,
               additional_config={"luce": {"dflash": {"gate": gate}}})
-    sched = llm.llm_engine.engine_core.engine_core.scheduler
     if gate:
-        sched.luce_gate.decide = lambda *args, **kwargs: False
-    peak, schedule = [0], sched.schedule
-
-    def counted(*args, **kwargs):
-        out = schedule(*args, **kwargs)
-        peak[0] = max(peak[0], len(out.num_scheduled_tokens))
-        return out
-
-    sched.schedule = counted
+        llm.llm_engine.engine_core.engine_core.scheduler.luce_gate.decide = lambda *args, **kwargs: False
     prompts = [{"prompt_token_ids": [t + 50 * i for t in PROMPT]} for i in range(requests)]
-    outs = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)
+    with counting(llm) as peak:
+        outs = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True), use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outs] == expected(requests, 24)
     del llm
     return peak[0]
