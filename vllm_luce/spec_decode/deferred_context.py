@@ -218,16 +218,17 @@ class DeferredContextByReference(DeferredContext):
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         if not self.tokens:
             return None
-        held, ends, device = self._held, self._ends, self._kind[2]
-        index = dict(dtype=torch.long, device=device)
-        positions, slots = torch.tensor(self._positions, **index), torch.tensor(self._slots, **index)
+        held, positions, slots, ends, device = self._held, self._positions, self._slots, self._ends, self._kind[2]
         self.clear()
+        index = dict(dtype=torch.long, device=device)
+        slots = torch.tensor(slots, **index)
         keep = writes_to_keep(slots, block_table, block_size)
         ends = torch.tensor(ends, **index)
         kept_by_end = keep.cumsum(0)[ends - 1]  # writes kept up to each step's end
         kept = int(kept_by_end[-1])
         if not kept:
             return None
+        positions = torch.tensor(positions, **index)
         rows = None  # the kept rows, in the concatenation of the steps that have one; None: all of them
         if kept < keep.numel():
             rows = keep.nonzero().squeeze(1)
@@ -236,11 +237,11 @@ class DeferredContextByReference(DeferredContext):
             alive = live.tolist()
             if not all(alive):  # only those steps' rows: each kept row moves up by the dropped steps' rows before it
                 dropped = torch.diff(ends, prepend=ends.new_zeros(1)) * ~live
-                dropped_before = dropped.cumsum(0)
+                dropped_through = dropped.cumsum(0)  # dropped steps' rows up to and including each step
                 held = [parts for parts, a in zip(held, alive) if a]
                 # Every row of the steps kept (the finished requests' steps dropped whole): no gather.
-                rows = None if kept + int(dropped_before[-1]) == keep.numel() else (
-                    rows - (dropped_before - dropped)[torch.searchsorted(ends, rows, right=True)])
+                rows = None if kept + int(dropped_through[-1]) == keep.numel() else (
+                    rows - (dropped_through - dropped)[torch.searchsorted(ends, rows, right=True)])
         if len({tuple(p.shape[-1] for p in parts) for parts in held}) == 1:  # alike parts (the runner's)
             layers = [torch.cat(layer) for layer in zip(*held)]  # each target layer's rows, held steps
             if rows is not None:
