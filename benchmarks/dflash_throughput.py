@@ -13,7 +13,8 @@ leaves fixed out (on a slow CPU, fixed DFlash on the trained pair ran at a quart
 others' speed). ``--modes none control gated`` adds ``control``, a second engine without speculation:
 its throughput over ``none``'s is an A/A ratio, the difference two identical engines show in this run.
 On the 2-core development host that ratio's median ranged 0.90-1.13 over ten cells
-(``docs/benchmarks.md``, session 31), so a gated/none median is read against it. ``--instances N``
+(``docs/benchmarks.md``, session 31), so a gated/none median is read against it; with ``control`` the table
+also gives gated over the mean of both engines without speculation, a baseline with less bias. ``--instances N``
 builds each pair's engines N times, each set in a child process of its own, and pools their rounds per
 cell: that averages the bias of one set of engines, which more rounds of the same set cannot. At each
 concurrency (requests submitted together) every engine runs a warm-up pass (the gate calibrates there),
@@ -244,6 +245,14 @@ def paired(a: dict, b: dict) -> float:
     return statistics.median(round_ratios(a, b))
 
 
+def against_both_plain(gated: dict, none: dict, control: dict) -> float:
+    """Median over rounds of gated's throughput over the mean of the two engines without speculation in the same
+    round: each engine carries a bias of its own (up to 13% between identical engines in one process), and a
+    baseline of two engines carries about 1/sqrt(2) of one engine's."""
+    return statistics.median(g / ((n + c) / 2) for g, n, c in zip(
+        gated["tok_per_s_passes"], none["tok_per_s_passes"], control["tok_per_s_passes"], strict=True))
+
+
 def spread(a: dict, b: dict) -> str:
     """The middle half of the rounds' ratios (quartiles), the noise a median of them carries: on a noisy host
     a cell can miss a goal by less than this."""
@@ -257,8 +266,8 @@ def spread(a: dict, b: dict) -> str:
 def summarize(rows: list[dict]) -> str:
     by = {(r["pair"], r["mode"], r["concurrency"]): r for r in rows}
     lines = ["| pair | concurrency | none tok/s | fixed tok/s | gated tok/s | fixed/none | gated/none "
-             "| gated/none rounds (quartiles) | control/none (A/A) | gated/fixed | goals |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| gated/none rounds (quartiles) | control/none (A/A) | gated / both plain | gated/fixed | goals |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for pair, c in sorted({(r["pair"], r["concurrency"]) for r in rows}):
         none, control, fixed, gated = (by.get((pair, m, c)) for m in MODES)
         if None in (none, gated):
@@ -272,8 +281,9 @@ def summarize(rows: list[dict]) -> str:
             ok, note = gated_none >= 0.95 and (fixed_none <= 1.0 or gated_fixed >= 0.9), ""
             fixed_rate, fixed_none, gated_fixed = fixed["tok_per_s"], f"{fixed_none:.2f}", f"{gated_fixed:.2f}"
         aa = "-" if control is None else f"{paired(control, none):.2f} ({spread(control, none)})"
+        both = "-" if control is None else f"{against_both_plain(gated, none, control):.2f}"
         lines.append(f"| {pair} | {c} | {none['tok_per_s']} | {fixed_rate} | {gated['tok_per_s']} | {fixed_none} | "
-                     f"{gated_none:.2f} | {spread(gated, none)} | {aa} | {gated_fixed} | "
+                     f"{gated_none:.2f} | {spread(gated, none)} | {aa} | {both} | {gated_fixed} | "
                      f"{'met' if ok else 'MISSED'}{note} |")
     return "\n".join(lines)
 
