@@ -303,15 +303,14 @@ def test_a_prompt_regime_seen_one_step_at_a_time_waits_for_its_exploration_after
     config = GateConfig()
     gate = SpecGate(config)
     assert not gate.decide(4, 2048, prompt=True)  # nothing measured anywhere yet: calibration starts plain
-    # Without prompts plain wins 3.3x (not decisively: its explorations run whole). Step counts keep each prompt visit at the start of a run (a decision of
-    # its own): the visit's run_length - 1 held steps, then whole runs.
-    held = config.run_length - 1
-    simulate(gate, held + 100 * config.run_length, 30.0, 100.0)
+    # Without prompts plain wins 3.3x (not decisively: its explorations run whole). Whole runs between the visits
+    # keep each visit a decision of its own (a prompt visit's run ends at the next step, which has none).
+    simulate(gate, 100 * config.run_length, 30.0, 100.0)
     interval = gate.regimes[SpecGate.regime_key(4, 2048)].explore_interval(config)
     visits = []
     for _ in range(interval // 2):
         visits.append(gate.decide(4, 2048, prompt=True))
-        simulate(gate, held + 2 * config.run_length, 30.0, 100.0)
+        simulate(gate, 2 * config.run_length, 30.0, 100.0)
     assert gate._hold == 0 and len(visits) >= 32 and not any(visits), visits
 
 
@@ -324,3 +323,37 @@ def test_a_step_with_nothing_to_draft_makes_the_rest_of_its_run_plain():
     assert not gate.decide(64, 0, drafting=False, prompt=True)
     assert [gate.decide(64, 0, prompt=True) for _ in range(config.run_length - 1)] == [False, False]
     assert gate.decide(64, 0, prompt=True)  # a new run: calibration's speculation, with something to draft
+
+
+def test_a_run_decided_for_prompt_steps_ends_at_the_first_step_without_them():
+    """The step that admits a prompt is visited alone; the decode steps after it are decided by their own regime.
+    Before, they held the prompt step's decision: where speculation wins, a plain admission (nothing to draft, or
+    calibration's plain try) ran two decode steps plain (of about 13 per 192-token request on the always-right
+    pair)."""
+    config = GateConfig(run_length=3)
+    gate = SpecGate(config)
+    simulate(gate, 60, 300.0, 100.0)  # without prompts speculation wins 3x
+    assert gate.regimes[SpecGate.regime_key(4, 2048)].winner() is True
+    assert not gate.decide(4, 2048, drafting=False, prompt=True)  # nothing to draft at the admission
+    assert gate.decide(4, 2048)  # the next step, without prompts, speculates at once
+    # Steps with prompt tokens in a row keep their run, as any regime's steps do.
+    assert [gate.decide(4, 2048) for _ in range(config.run_length - 1)] == [True, True]  # that run's end
+    assert not gate.decide(4, 2048, drafting=False, prompt=True)
+    assert [gate.decide(4, 2048, prompt=True) for _ in range(config.run_length - 1)] == [False, False]
+    assert gate.decide(4, 2048, prompt=True)  # a new run: the prompt step speculates (``spec_prior``)
+
+
+def test_a_prompt_step_speculates_where_the_same_batch_without_prompts_speculates():
+    """Until its own regime has a speculative sample: visited one step at a time, it never has one."""
+    config = GateConfig(run_length=3)
+    gate = SpecGate(config)
+    assert not gate.decide(4, 2048, prompt=True)  # nothing measured: calibration, plain first
+    simulate(gate, 60, 300.0, 100.0)  # without prompts speculation wins 3x
+    assert gate.spec_prior(4, 2048) and gate.decide(4, 2048, prompt=True)
+    simulate(gate, 2 * config.run_length, 300.0, 100.0)  # decode steps in runs of their own
+    assert gate.decide(4, 2048, prompt=True)  # the next admission, still without a speculative sample
+    # Only the same batch and context: not a smaller or larger batch, nor another context.
+    assert not gate.spec_prior(8, 2048) and not gate.spec_prior(2, 2048) and not gate.spec_prior(4, 40_000)
+    # Once the regime has samples of its own it calibrates as any regime does (here speculation loses there).
+    simulate(gate, 60, 50.0, 100.0, prompt=True)
+    assert gate.regimes[SpecGate.regime_key(4, 2048, prompt=True)].winner() is False

@@ -55,7 +55,7 @@ def test_lookup_drafts_nothing_when_no_running_request_may_draft():
     for batch in (2, 3):
         gate.observe(speculative=True, batch_size=batch, context_tokens=0, committed_tokens=8, seconds=0.02)
         gate.observe(speculative=False, batch_size=batch, context_tokens=0, committed_tokens=2, seconds=0.01)
-    fake = SimpleNamespace(luce_gate=gate, running=[req("a"), req("b")],
+    fake = SimpleNamespace(luce_gate=gate, running=[req("a"), req("b")], waiting=[], max_num_running_reqs=8,
                            luce_mean_context=lambda: 0, luce_prompt_pending=lambda: False, luce_max_spec_tokens=15)
     lookup = S.GatedLookup(fake)
 
@@ -81,6 +81,15 @@ def test_lookup_drafts_nothing_when_no_running_request_may_draft():
     assert run(lookup, 2) == 0
     fake.running[1] = req("g", left=3)
     assert run(lookup, 2) == 15
+    # A waiting request that a free sequence slot may admit: its prefill step drafts for it, as vLLM's DFlash does.
+    fake.running[:], fake.max_num_running_reqs = [req("e", left=2)], 2
+    fake.waiting = [SimpleNamespace(max_tokens=2), SimpleNamespace(max_tokens=3)]
+    assert run(lookup, 2) == 15
+    fake.waiting.pop()  # too few tokens to use a draft
+    assert run(lookup, 2) == 0
+    fake.waiting.append(SimpleNamespace(max_tokens=200))
+    fake.running.append(req("f", left=2))  # no free slot
+    assert run(lookup, 2) == 0
 
 
 def req(request_id: str, left: int = 100):

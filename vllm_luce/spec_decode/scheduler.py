@@ -65,12 +65,15 @@ class GatedLookup:
         return s.luce_max_spec_tokens if speculate else 0
 
     def drafting(self) -> bool:
-        """Whether a running request may use drafts made this step: the gate lets it draft, and it has at
-        least ``MIN_TOKENS_LEFT_TO_DRAFT`` tokens left before ``max_tokens``. Asked only when the gate would
-        speculate."""
-        gate = self.scheduler.luce_gate
+        """Whether a request may use drafts made this step: a running one that the gate lets draft, with at least
+        ``MIN_TOKENS_LEFT_TO_DRAFT`` tokens left before ``max_tokens``, or a waiting one that a free sequence slot
+        may admit (a prompt whose prefill ends in this step is drafted for, as by vLLM's own DFlash). Asked only
+        when the gate would speculate."""
+        s = self.scheduler
+        gate = s.luce_gate
         return any(r.max_tokens - r.num_output_tokens >= MIN_TOKENS_LEFT_TO_DRAFT and gate.request_may_draft(r.request_id)
-                   for r in self.scheduler.running)
+                   for r in s.running) or len(s.running) < s.max_num_running_reqs and any(
+            r.max_tokens >= MIN_TOKENS_LEFT_TO_DRAFT for r in s.waiting)
 
     def __getitem__(self, batch_size: int) -> int:
         k, self.planned = self.planned, None
