@@ -83,11 +83,11 @@ def test_lookup_drafts_nothing_when_no_running_request_may_draft():
     assert run(lookup, 2) == 15
     # A waiting request that a free sequence slot may admit: its prefill step drafts for it, as vLLM's DFlash does.
     fake.running[:], fake.max_num_running_reqs = [req("e", left=2)], 2
-    fake.waiting = [SimpleNamespace(max_tokens=2), SimpleNamespace(max_tokens=3)]
+    fake.waiting = [req("w", left=2), req("x")]
     assert run(lookup, 2) == 15
-    fake.waiting.pop()  # too few tokens to use a draft
+    fake.waiting[1] = req("a")  # preempted after the gate stopped it
     assert run(lookup, 2) == 0
-    fake.waiting.append(SimpleNamespace(max_tokens=200))
+    fake.waiting[1] = req("y")
     fake.running.append(req("f", left=2))  # no free slot
     assert run(lookup, 2) == 0
 

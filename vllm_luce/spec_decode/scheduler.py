@@ -69,11 +69,12 @@ class GatedLookup:
         ``MIN_TOKENS_LEFT_TO_DRAFT`` tokens left before ``max_tokens``, or a waiting one that a free sequence slot
         may admit (a prompt whose prefill ends in this step is drafted for, as by vLLM's own DFlash). Asked only
         when the gate would speculate."""
-        s = self.scheduler
-        gate = s.luce_gate
-        return any(r.max_tokens - r.num_output_tokens >= MIN_TOKENS_LEFT_TO_DRAFT and gate.request_may_draft(r.request_id)
-                   for r in s.running) or len(s.running) < s.max_num_running_reqs and any(
-            r.max_tokens >= MIN_TOKENS_LEFT_TO_DRAFT for r in s.waiting)
+        s, gate = self.scheduler, self.scheduler.luce_gate
+
+        def may_use(r) -> bool:
+            return r.max_tokens - r.num_output_tokens >= MIN_TOKENS_LEFT_TO_DRAFT and gate.request_may_draft(r.request_id)
+
+        return any(map(may_use, s.running)) or len(s.running) < s.max_num_running_reqs and any(map(may_use, s.waiting))
 
     def __getitem__(self, batch_size: int) -> int:
         k, self.planned = self.planned, None
