@@ -48,7 +48,7 @@ def test_report_publishes_each_regimes_rates_and_back_to_back_speedup(monkeypatc
     assert gauges[("dflash_gate_rate_tokens_per_second", "plain", 4)] == approx(100.0)
 
 
-def test_lookup_drafts_nothing_when_no_running_request_may_draft():
+def test_lookup_drafts_nothing_when_no_running_or_admissible_request_may_draft():
     from vllm_luce.spec_decode.gate import GateConfig, SpecGate
 
     gate = SpecGate(GateConfig(patience=1, retry_after=1000, min_samples=1, run_length=2))  # measured: speculation wins

@@ -27,9 +27,9 @@ plain: until it has a speculative sample it runs plain, and tries speculation on
 interval of that easier regime (``plain_prior``); and a step with prompt tokens where the same batch without
 them speculates runs speculative until its regime has a speculative sample (``spec_prior``). A regime visited
 one step at a time (the steps that admit a prompt) never yields a clean speculative sample, and retrying it on
-each visit cost a verify step of the whole batch each time. A decision holds for ``run_length`` steps: drafts made in one
-step are verified in the next, so the first step of a run is a transition (the binding reports it
-as neither mode) and the rest are clean samples. A run decided for a step with prompt tokens ends at the
+each visit cost a verify step of the whole batch each time. A decision holds for ``run_length`` steps:
+drafts made in one step are verified in the next, so the first step of a run is a transition (the binding
+reports it as neither mode) and the rest are clean samples. A run decided for a step with prompt tokens ends at the
 first step without them, which its own regime decides: the step that admits prompts is usually visited
 alone, and holding its decision (plain where nothing could draft yet) ran ``run_length - 1`` decode steps
 plain where speculation wins them. A run ends early when its first clean sample is
