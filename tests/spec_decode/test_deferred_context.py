@@ -184,13 +184,16 @@ def test_a_take_by_reference_keeps_the_live_rows_of_mixed_steps_in_order(alike):
 
 
 def test_context_writes_are_padded_to_row_counts_that_repeat():
-    """At most 1/8 more rows, eight counts per power of two; the padding rows write nothing."""
-    counts = {padded_rows(n) for n in range(1, 4097)}
-    assert all(n <= padded_rows(n) <= n * 9 / 8 for n in range(1, 4097)) and len(counts) < 16 + 8 * 9
-    assert [padded_rows(n) for n in (1, 15, 16, 17, 128, 129, 687)] == [1, 15, 16, 18, 128, 144, 704]
+    """Powers of two up to 4,096 rows, then at most 1/8 more rows (eight counts per power of two); the padding rows
+    write nothing."""
+    assert {padded_rows(n) for n in range(1, 4097)} == {1 << k for k in range(13)}  # powers of two up to 4096
+    assert all(n <= padded_rows(n) < 2 * n for n in range(2, 4097))
+    assert all(n <= padded_rows(n) <= n * 9 / 8 for n in range(4097, 40_000, 7))  # eighths beyond
+    assert len({padded_rows(n) for n in range(4097, 32_769)}) == 8 * 3
+    assert [padded_rows(n) for n in (1, 15, 16, 17, 129, 687, 4097, 5000)] == [1, 16, 16, 32, 256, 1024, 4608, 5120]
     features, positions, slots = torch.randn(129, 5), torch.arange(129) + 3, torch.arange(129) + 40
     f, p, s = pad_rows(features, positions, slots)
-    assert f.shape == (144, 5) and torch.equal(f[:129], features) and f[129:].eq(0).all()
+    assert f.shape == (256, 5) and torch.equal(f[:129], features) and f[129:].eq(0).all()
     assert torch.equal(p[:129], positions) and torch.equal(s[:129], slots) and s[129:].eq(PADDING_SLOT).all()
     unpadded = features[:128], positions[:128], slots[:128]  # already a size that repeats: returned as given
     assert all(a is b for a, b in zip(pad_rows(*unpadded), unpadded))
