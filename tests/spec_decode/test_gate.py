@@ -5,19 +5,22 @@ import pytest
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate, bucket
 
 
-def simulate(gate, steps, spec_tokens_per_s, plain_tokens_per_s, batch=4, context=2048, prompt=False):
+def simulate(gate, steps, spec_tokens_per_s, plain_tokens_per_s, batch=4, context=2048, prompt=False, spec_tokens=3):
     """Drive the gate as the scheduler binding does: drafts of step t are verified at t + 1 unless that step
     is plain and drops them (``keeps_drafts``), and a step is a clean sample only when it verifies and drafts
-    in the same mode. Returns the modes."""
+    in the same mode. A speculative step commits ``spec_tokens`` per request; a probe's drafts match
+    ``spec_tokens - 1`` of the tokens committed after it. Returns the modes."""
     modes, drafted_before = [], False
     for _ in range(steps):
         spec = gate.decide(batch, context, prompt=prompt)
         verifies = drafted_before and (spec or gate.keeps_drafts())
         if spec == verifies:  # clean: the rate of that mode
             rate = spec_tokens_per_s if spec else plain_tokens_per_s
-            tokens = batch * (3 if spec else 1)
+            tokens = batch * (spec_tokens if spec else 1)
             gate.observe(speculative=spec, batch_size=batch, context_tokens=context,
                          committed_tokens=tokens, seconds=tokens / rate, prompt=prompt)
+        if gate.probing:
+            gate.observe_probe(batch, context, spec_tokens - 1)
         modes.append(spec)
         drafted_before = spec
     return modes
@@ -357,3 +360,46 @@ def test_a_prompt_step_speculates_where_the_same_batch_without_prompts_speculate
     # Once the regime has samples of its own it calibrates as any regime does (here speculation loses there).
     simulate(gate, 60, 50.0, 100.0, prompt=True)
     assert gate.regimes[SpecGate.regime_key(4, 2048, prompt=True)].winner() is False
+
+
+def test_a_losing_speculation_is_rechecked_by_probes_between_exploration_runs():
+    """Where plain wins, a re-check is one drafting step whose drafts are not verified (a probe), while its predicted
+    rate stays below ``probe_explores_at`` of plain's; an exploration run still comes every ``max_explore_every``
+    steps. Without probes, each re-check is an exploration run."""
+    config = GateConfig(explore_every=16, max_explore_every=1024, explore_budget=0.1)  # re-checks every 180 steps
+    gate = SpecGate(config)
+    simulate(gate, 40, 40.0, 100.0)  # calibration: speculation commits 0.4x
+    explorations, probes = gate.explorations, gate.probes
+    modes = simulate(gate, 900, 40.0, 100.0)
+    assert gate.probes - probes >= 4 and gate.explorations == explorations
+    assert set(runs_of(modes, True)) == {1}  # each a single drafting step
+    assert gate.regimes[SpecGate.regime_key(4, 2048)].probe_speedup == pytest.approx(0.4)
+    simulate(gate, 300, 40.0, 100.0)
+    assert gate.explorations > explorations  # the verdict is re-measured now and then
+    off = SpecGate(GateConfig(explore_every=16, max_explore_every=1024, explore_budget=0.1, probes=False))
+    simulate(off, 940, 40.0, 100.0)
+    assert off.probes == 0 and off.explorations >= 4
+
+
+def test_a_probe_that_predicts_speculation_pays_runs_an_exploration():
+    """Acceptance rises (the text turned predictable): the next probe's drafts match what the requests commit, its
+    prediction passes ``probe_explores_at``, and the exploration run that follows measures speculation winning."""
+    config = GateConfig(explore_every=16, explore_budget=0.1)
+    gate = SpecGate(config)
+    # A speculative step costs 3 plain ones: at 1 token per request (nothing accepted) it commits a third as fast.
+    simulate(gate, 200, 100.0 / 3, 100.0, spec_tokens=1)
+    regime = gate.regimes[SpecGate.regime_key(4, 2048)]
+    assert regime.winner() is False and gate.probes >= 1 and regime.probe_speedup == pytest.approx(1 / 3)
+    explorations = gate.explorations
+    modes = simulate(gate, 400, 400.0 / 3, 100.0, spec_tokens=4)  # the same step cost, 4 tokens per request
+    assert gate.explorations > explorations and regime.winner() is True
+    assert sum(modes[-100:]) >= 80  # speculation runs, bar plain explorations
+
+
+def test_probes_need_measured_step_costs_and_no_prompt_tokens():
+    gate = SpecGate(GateConfig(explore_every=16, explore_budget=0.1))
+    simulate(gate, 600, 40.0, 100.0, prompt=True)
+    assert gate.probes == 0 and gate.explorations >= 1
+    with pytest.raises(ValueError, match="probe_explores_at"):
+        GateConfig(probe_explores_at=0.0)
+    assert SpecGate().regime(4, 2048).predicted_speedup(1.0) is None

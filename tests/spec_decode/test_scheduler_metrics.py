@@ -205,6 +205,7 @@ def _gated_scheduler(gate, running: int, waiting: int):
     sched._luce_scheduled_at, sched._luce_regime = {}, None
     sched._luce_plain_config = PlainStepConfig(sched.vllm_config)
     sched._luce_drafts_held = sched._luce_prompt_rows = True
+    sched._luce_probe, sched._luce_watch, sched._luce_watch_regime = None, {}, ()
     sched.reserved, sched.asked = [], []
     return sched
 
@@ -264,3 +265,35 @@ def test_a_plain_step_verifies_the_drafts_before_it_only_where_speculation_wins(
     gate.regimes[gate.regime_key(4, 0)].last_explore = -10_000  # its plain exploration is due
     sched.schedule()  # the speculative run's second step
     assert step([7, 8]) == (0, [[7, 8]] * 4)  # a plain exploration keeps them
+
+
+def test_a_probes_drafts_are_dropped_and_compared_with_the_tokens_each_request_commits_after_them():
+    """Where plain wins decisively, the gate's re-check is a probe: the binding keeps the drafts the next (plain) step
+    drops, and counts for each request the drafts that match the tokens it commits from then on. A request settles at
+    its first mismatch, when all its drafts matched, or when it is gone; then the gate gets the mean."""
+    from vllm_luce.spec_decode.gate import SpecGate
+
+    gate = SpecGate()
+    for mode, seconds in ((True, 1.0), (False, 0.01)):  # batch 4 at context 9: speculation 100x slower
+        gate.observe(speculative=mode, batch_size=4, context_tokens=9, committed_tokens=4, seconds=seconds)
+    gate.regimes[gate.regime_key(4, 9)].last_explore = -10_000  # its re-check is due
+    seen = []
+    gate.observe_probe = lambda batch, context, accepted: seen.append((batch, context, accepted))
+    sched = _gated_scheduler(gate, running=4, waiting=0)
+    sched.schedule()
+    assert sched.asked == [15] and gate.probes == 1 and sched._luce_probe == (4, 9)
+    for request in sched.running:  # the probe's drafts, after the token it sampled (each request's 5th)
+        request.spec_token_ids, request.num_output_tokens = [11, 12, 13], 5
+    sched.schedule()
+    assert sched.asked[-1] == 0 and all(r.spec_token_ids == [] for r in sched.running)  # dropped, not verified
+    assert sched._luce_watch == {str(i): [5, [11, 12, 13], 0, False] for i in range(4)}
+
+    def committed(*tokens):
+        return SimpleNamespace(output_token_ids=[1, 2, 3, 4, 5, *tokens], is_finished=lambda: False)
+
+    sched.requests = {"0": committed(11, 12), "1": committed(11, 12), "2": committed(50), "3": committed(11)}
+    sched._luce_check_probe()
+    assert [e[2:] for e in sched._luce_watch.values()] == [[2, False], [2, False], [0, True], [1, False]]
+    sched.requests = {"0": committed(11, 12, 99), "1": committed(11, 12, 13, 14)}  # 3 finished
+    sched._luce_check_probe()
+    assert seen == [(4, 9, (2 + 3 + 0 + 1) / 4)] and sched._luce_watch == {}

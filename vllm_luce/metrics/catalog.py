@@ -10,6 +10,8 @@ CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
     # DFlash: the gate in the engine core's scheduler
     "dflash_gate_steps": ("counter", ("mode",), "Steps the DFlash gate ran speculative (mode=spec) or plain (mode=plain)."),
     "dflash_gate_explorations": ("counter", (), "Gate steps that re-measured the mode currently losing."),
+    "dflash_gate_probes": ("counter", (), "Gate steps that drafted to check acceptance where plain decoding wins: "
+                           "the drafts are compared with the tokens committed after them, never verified."),
     "dflash_gate_speculating": ("gauge", (), "1 if the gate's latest decision was to speculate, else 0."),
     "dflash_gate_rate_tokens_per_second": (
         "gauge", ("mode", "batch_le", "context_le_k", "with_prompt"),

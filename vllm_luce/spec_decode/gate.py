@@ -36,6 +36,13 @@ plain where speculation wins them. A run ends early when its first clean sample 
 ``decisive`` times slower than the other mode's rate in its regime: plain first, a speculative
 calibration or exploration that loses by that much costs one verify step, not ``run_length``.
 
+Where plain decoding wins, the re-check is a probe rather than an exploration run (``probe_suits``): one
+step drafts, the next (plain) drops its drafts, and the binding compares them with the tokens each request
+goes on to commit. That matched length is the acceptance speculation would get, and with the step costs
+measured in the regime it scales speculation's measured verdict (``observe_probe``); only a prediction close to plain's
+runs a real exploration. Speculation loses where acceptance is too low for its verify steps, and a probe
+measures exactly that at the cost of one drafting step, without the verify steps.
+
 A plain step drops the drafts of the step before (verifies none of them) unless speculation wins its
 regime (``keeps_drafts``): verifying them costs a verify step of the whole batch, a loss wherever
 speculation does. Where it wins, the plain run is an exploration and the drafts commit more than they
@@ -77,6 +84,8 @@ class GateConfig:
     retry_after: int = 64  # steps a stopped request waits before drafting again
     pair_samples: int = 8  # clean samples of each run end compared across a switch of mode
     decisive: float = 4.0  # speed ratio at which one sample of each mode ends a regime's calibration
+    probes: bool = True  # re-check a losing speculation by probing (one drafting step, its drafts not verified)
+    probe_explores_at: float = 0.8  # predicted speculative over plain rate at which a probe calls an exploration
 
     def __post_init__(self):
         if self.run_length < 2 or not self.run_length < self.explore_every <= self.max_explore_every or min(
@@ -89,6 +98,8 @@ class GateConfig:
             raise ValueError(f"GateConfig.decisive must be > 1, got {self.decisive}")
         if not 0.0 < self.explore_budget < 1.0:
             raise ValueError(f"GateConfig.explore_budget must be in (0, 1), got {self.explore_budget}")
+        if not self.probe_explores_at > 0.0:
+            raise ValueError(f"GateConfig.probe_explores_at must be > 0, got {self.probe_explores_at}")
 
 
 def bucket(n: int) -> int:
@@ -124,11 +135,15 @@ class Regime:
     spec_step_s: Average = field(default_factory=Average)  # seconds per step
     plain_step_s: Average = field(default_factory=Average)
     advantage: Average = field(default_factory=Average)  # log(spec rate / plain rate), back-to-back runs
+    spec_tokens: Average = field(default_factory=Average)  # committed tokens per request per speculative step
     steps: int = 0
     last_explore: int = 0
     runs: dict = field(default_factory=lambda: {True: 0, False: 0})  # runs started, by mode
     run: Run | None = None  # the run being sampled
     previous: Run | None = None  # the run of the other mode just before it
+    explore_due: bool = False  # a probe predicted that speculation may pay: explore at the next decision
+    last_real_explore: int = 0  # steps at the latest exploration run (probes stand in for those between)
+    probe_speedup: float | None = None  # the latest probe's predicted speculative over plain rate
 
     def speedup(self) -> float | None:
         """Speculative over plain committed-token rate: from back-to-back runs once a pair exists, before
@@ -198,6 +213,16 @@ class Regime:
         loss = (config.run_length + 1) * (lose_s.value / win_s.value) * (1.0 - rate_ratio)
         return int(min(config.max_explore_every, max(config.explore_every, loss / config.explore_budget)))
 
+    def predicted_speedup(self, accepted: float) -> float | None:
+        """Speculative over plain rate if each request had ``accepted`` drafts accepted per verify step: the measured
+        verdict (``speedup``), scaled by the tokens a speculative step would commit per request (1 + accepted) over
+        those it committed when measured. The verdict comes from back-to-back runs, so a slow period of the machine
+        that fell on one mode's step costs does not move the prediction."""
+        speedup = self.speedup()
+        if speedup is None or not self.spec_tokens.samples or self.spec_tokens.value <= 0:
+            return None
+        return speedup * (1.0 + accepted) / self.spec_tokens.value
+
     def break_even(self) -> float | None:
         """Accepted tokens per verify step at which a request's drafts pay for their verification."""
         if not (self.spec_step_s.samples and self.plain_step_s.samples) or self.plain_step_s.value <= 0:
@@ -220,6 +245,8 @@ class SpecGate:
         self.step = 0
         self.decisions = {"spec": 0, "plain": 0}
         self.explorations = 0
+        self.probes = 0  # probes run (``probing``)
+        self.probing = False  # whether the latest decision is a probe: the binding compares its drafts, unverified
         self._mode = True  # the decision of the run in progress
         self._hold = 0
         self._run_regime: Regime | None = None  # where the run in progress was decided
@@ -256,6 +283,7 @@ class SpecGate:
 
     def _choose(self, batch_size: int, context_tokens: int, prompt: bool, may_draft) -> bool:
         self.step += 1
+        self.probing = probe = False
         r = self._regime = self.regime(batch_size, context_tokens, prompt)
         r.steps += 1
         if self._run_prompt and not prompt:
@@ -281,15 +309,53 @@ class SpecGate:
                 choice = r.runs[True] < r.runs[False]
         else:
             choice = bool(r.winner())
-            if r.steps - r.last_explore >= r.explore_interval(self.config):
+            if r.explore_due or r.steps - r.last_explore >= r.explore_interval(self.config):
                 r.last_explore = r.steps
-                choice = not choice
-                self.explorations += 1
+                if not choice and self.probe_suits(r, prompt):
+                    choice = probe = True  # one drafting step; its drafts are compared, not verified
+                else:
+                    choice = not choice
+                    r.explore_due, r.last_real_explore = False, r.steps
+                    self.explorations += 1
         if choice and not may_draft():
             choice = False  # nothing to draft: a plain run
         r.runs[choice] += 1
-        self._mode, self._hold, self._run_regime, self._run_prompt = choice, self.config.run_length - 1, r, prompt
+        self.probing = probe and choice
+        self.probes += self.probing
+        hold = 0 if self.probing else self.config.run_length - 1  # after a probe, the next step decides afresh
+        self._mode, self._hold, self._run_regime, self._run_prompt = choice, hold, r, prompt
         return choice
+
+    def probe_suits(self, r: Regime, prompt: bool) -> bool:
+        """Whether a regime where plain decoding wins re-checks speculation with a probe instead of an exploration
+        run: a step that drafts but verifies nothing (the next, plain, step drops the drafts), whose drafts the
+        binding compares with the tokens each request then commits (``observe_probe``). Speculation loses there
+        whenever acceptance is too low for its verify steps' cost, so the acceptance it would get, read off the
+        probe, predicts its rate from the step costs measured here; only a prediction of ``probe_explores_at`` or
+        more runs the exploration. A probe costs a drafting step, an exploration that step and the verify steps
+        after it (on the always-wrong pair at batch 1 on CPU: 7.1 and 3.7 ms twice against 1.55 ms plain steps).
+        Only where speculation's measured verdict is itself below that (a closer loser gets its exploration runs, which
+        a probe would only precede), not for steps with prompt tokens (their regime is visited a step at a time), and
+        an exploration still runs at least every ``max_explore_every`` steps, to re-measure the verdict the prediction
+        scales."""
+        speedup = r.speedup()
+        return (self.config.probes and not prompt and not r.explore_due and r.spec_tokens.samples > 0
+                and speedup is not None and speedup < self.config.probe_explores_at
+                and r.steps - r.last_real_explore < self.config.max_explore_every)
+
+    def observe_probe(self, batch_size: int, context_tokens: int, accepted: float) -> None:
+        """A probe's outcome: the mean number of its drafts, per request, that matched the tokens the request went on
+        to commit (the accepted length greedy verification would have given; for a sampled request, matching the
+        sampled token has the probability with which vLLM's verification accepts a draft without probabilities).
+        Where that predicts speculation at ``probe_explores_at`` or more of plain's rate, the regime explores at its
+        next decision."""
+        r = self.regimes.get(self.regime_key(batch_size, context_tokens))
+        predicted = None if r is None else r.predicted_speedup(accepted)
+        if predicted is None:
+            return
+        r.probe_speedup = predicted
+        if predicted >= self.config.probe_explores_at:
+            r.explore_due = True
 
     def keeps_drafts(self) -> bool:
         """Whether the step just decided verifies the drafts of the step before: a speculative step does, a
@@ -337,6 +403,8 @@ class SpecGate:
         rate, step_s = (r.spec_rate, r.spec_step_s) if speculative else (r.plain_rate, r.plain_step_s)
         rate.add(committed_tokens / seconds, w)
         step_s.add(seconds / batch_size, w)  # per request, so regimes of one bucket compare
+        if speculative:
+            r.spec_tokens.add(committed_tokens / batch_size, w)
         self._samples += 1
         r.track(speculative, committed_tokens / seconds, self._samples, self.config)
         other = r.plain_rate if speculative else r.spec_rate
@@ -391,5 +459,6 @@ class SpecGate:
             parts.append(f"batch<={b} ctx<={c}K{' +prompt' if p else ''}: spec {r.spec_rate.value:.1f} tok/s vs "
                          f"plain {r.plain_rate.value:.1f} tok/s{paired} -> {mode}")
         return (f"gate: {self.decisions['spec']} spec / {self.decisions['plain']} plain steps, "
-                f"{self.explorations} explorations, {self.stopped_requests()} requests not drafting; "
+                f"{self.explorations} explorations, {self.probes} probes, {self.stopped_requests()} requests not "
+                f"drafting; "
                 + ("; ".join(parts) or "no regimes yet"))

@@ -128,7 +128,9 @@ class DFlashGateMixin:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.luce_gate = SpecGate(GateConfig())
+        # Probes compare drafts with the tokens committed after them, which an asynchronous scheduler appends a step
+        # late: there every re-check is an exploration run.
+        self.luce_gate = SpecGate(GateConfig(probes=not isinstance(self, AsyncScheduler)))
         self.luce_max_spec_tokens = self.num_spec_tokens
         self.dynamic_sd_lookup = GatedLookup(self)
         self._luce_scheduled_at: dict[int, tuple] = {}  # a step's output -> its start and regime
@@ -139,6 +141,9 @@ class DFlashGateMixin:
         self.luce_step_drafts = True
         self._luce_drafts_held = True  # whether a running request may hold drafts: cleared when all are dropped
         self._luce_prompt_rows = True  # whether the step scheduled last carried prompt tokens (see luce_prompt_pending)
+        self._luce_probe: tuple | None = None  # batch and context of the probe scheduled last (its drafts to compare)
+        self._luce_watch: dict[str, list] = {}  # a probe's requests -> [first output index, drafts, matched, settled]
+        self._luce_watch_regime: tuple = ()
         if schedule_reads_draft_slots(Scheduler):
             self._luce_plain_config = PlainStepConfig(self.vllm_config)
         else:
@@ -173,8 +178,11 @@ class DFlashGateMixin:
         lookup, config = self.dynamic_sd_lookup, self.vllm_config
         self._luce_regime = None
         planned = lookup.plan() if isinstance(lookup, GatedLookup) and (self.running or self.waiting) else None
+        probe, self._luce_probe = self._luce_probe, None
         if self._luce_drafts_held:  # a step drafted since the running requests' drafts were last dropped
             drop_all = planned == 0 and not gate.keeps_drafts()  # a plain step where speculation does not pay
+            if drop_all and probe is not None:
+                self._luce_watch_probe(probe)
             if drop_all or gate.stopped:  # else only a request the gate stopped loses its drafts
                 for request in self.running:
                     if request.spec_token_ids and (drop_all or not gate.request_may_draft(request.request_id)):
@@ -189,6 +197,8 @@ class DFlashGateMixin:
             if isinstance(lookup, GatedLookup):
                 lookup.planned = None  # vLLM asks only when it scheduled a request
         self.luce_step_drafts = output.num_spec_tokens_to_schedule > 0
+        if gate.probing and self.luce_step_drafts:
+            self._luce_probe = self._luce_regime[:2]
         self._luce_drafts_held |= self.luce_step_drafts
         self._luce_prompt_rows = carries_prompt_tokens(output)
         at = self._luce_scheduled_at
@@ -201,6 +211,8 @@ class DFlashGateMixin:
         started, regime = self._luce_scheduled_at.pop(id(scheduler_output), (None, None))
         self._luce_observe(scheduler_output, model_runner_output, started, regime)
         result = super().update_from_output(scheduler_output, model_runner_output)
+        if self._luce_watch:
+            self._luce_check_probe()
         self._luce_last_update = time.perf_counter()
         self._luce_release_finished()
         if not self.requests or time.monotonic() - self._luce_reported_at >= REPORT_EVERY_S:
@@ -239,6 +251,40 @@ class DFlashGateMixin:
             self._luce_last_log = time.monotonic()
             logger.info("%s: %s", tag(), self.luce_gate.summary())
 
+    def _luce_watch_probe(self, regime: tuple) -> None:
+        """Before a probe's drafts are dropped: each running request's drafts, to compare with the tokens it commits
+        from its next one on (the drafts follow the token sampled in the probe step). A probe still unsettled (a
+        request that went on matching) is settled with what it matched so far."""
+        if self._luce_watch:
+            self._luce_settle_probe()
+        self._luce_watch = {r.request_id: [r.num_output_tokens, list(r.spec_token_ids), 0, False]
+                            for r in self.running if r.spec_token_ids}
+        self._luce_watch_regime = regime
+
+    def _luce_check_probe(self) -> None:
+        """The watched drafts against the tokens committed since: a request is settled at its first draft that differs,
+        when all its drafts matched, or when it is gone (finished or aborted: speculation could not have committed
+        more either). Once all are settled, the gate gets the mean matched drafts per request."""
+        for req_id, entry in self._luce_watch.items():
+            start, drafts, matched, settled = entry
+            request = self.requests.get(req_id)
+            if settled:
+                continue
+            if request is None or request.is_finished():
+                entry[3] = True
+                continue
+            out = request.output_token_ids
+            available = min(len(out) - start, len(drafts))
+            while matched < available and out[start + matched] == drafts[matched]:
+                matched += 1
+            entry[2], entry[3] = matched, matched < available or matched == len(drafts)
+        if all(entry[3] for entry in self._luce_watch.values()):
+            self._luce_settle_probe()
+
+    def _luce_settle_probe(self) -> None:
+        watch, self._luce_watch = self._luce_watch, {}
+        self.luce_gate.observe_probe(*self._luce_watch_regime, sum(e[2] for e in watch.values()) / len(watch))
+
     def _luce_count_verify(self, verified: int, accepted: int) -> None:
         """Tallied here, published with the report: per-request metric writes cost 3 ms a step at batch 64
         with 15 drafts each (one write per accepted position)."""
@@ -266,6 +312,7 @@ class DFlashGateMixin:
         for mode, steps in gate.decisions.items():
             metrics.set_total("dflash_gate_steps", steps, mode=mode, **labels)
         metrics.set_total("dflash_gate_explorations", gate.explorations, **labels)
+        metrics.set_total("dflash_gate_probes", gate.probes, **labels)
         metrics.set_gauge("dflash_gate_speculating", float(gate.speculating), **labels)
         metrics.set_gauge("dflash_requests_not_drafting", gate.stopped_requests(), **labels)
         if time.monotonic() - self._luce_rates_at < RATES_EVERY_S:
