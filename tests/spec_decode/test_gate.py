@@ -403,3 +403,31 @@ def test_probes_need_measured_step_costs_and_no_prompt_tokens():
     with pytest.raises(ValueError, match="probe_explores_at"):
         GateConfig(probe_explores_at=0.0)
     assert SpecGate().regime(4, 2048).predicted_speedup(1.0) is None
+
+
+def test_plain_steps_ahead_run_plain_and_leave_the_recheck_where_deciding_them_would():
+    """After a plain decision in a regime plain wins, the steps up to the clean samples its re-check needs run plain
+    whatever they observe: skipping them (no decision, no observation) leaves the gate where deciding them would."""
+    import copy
+
+    config = GateConfig(explore_every=16, explore_budget=0.1)
+    gate = SpecGate(config)
+    simulate(gate, 100, 40.0, 100.0)  # plain wins 2.5x
+    while gate.decide(4, 2048) or gate.plain_steps_ahead(2048) == 0:
+        pass
+    ahead = gate.plain_steps_ahead(2048)
+    regime = gate.regimes[SpecGate.regime_key(4, 2048)]
+    margin = config.pair_samples + config.run_length
+    assert ahead == regime.explore_interval(config) - (regime.steps - regime.last_explore) - margin > 0
+    skipping = copy.deepcopy(gate)
+    assert not any(gate.decide(4, 2048) for _ in range(ahead))
+    for _ in range(ahead):
+        skipping.skip_plain_step()
+    assert skipping.decisions == gate.decisions and skipping.step == gate.step
+    assert simulate(skipping, 300, 40.0, 100.0) == simulate(gate, 300, 40.0, 100.0)
+    assert gate.plain_steps_ahead(1020) <= 3  # short of the next 1,024 tokens of context: maybe another regime
+    assert gate.decide(4, 2048, prompt=True) is False and gate.plain_steps_ahead(2048) == 0  # prompt steps: none
+    fresh = SpecGate(config)
+    simulate(fresh, 100, 300.0, 100.0)  # speculation wins
+    fresh.decide(4, 2048)
+    assert fresh.plain_steps_ahead(2048) == 0

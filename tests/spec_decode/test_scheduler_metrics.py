@@ -206,6 +206,7 @@ def _gated_scheduler(gate, running: int, waiting: int):
     sched._luce_plain_config = PlainStepConfig(sched.vllm_config)
     sched._luce_drafts_held = sched._luce_prompt_rows = True
     sched._luce_probe, sched._luce_watch, sched._luce_watch_regime = None, {}, ()
+    sched._luce_lean = sched._luce_lean_batch = 0
     sched.reserved, sched.asked = [], []
     return sched
 
@@ -297,3 +298,27 @@ def test_a_probes_drafts_are_dropped_and_compared_with_the_tokens_each_request_c
     sched.requests = {"0": committed(11, 12, 99), "1": committed(11, 12, 13, 14)}  # 3 finished
     sched._luce_check_probe()
     assert seen == [(4, 9, (2 + 3 + 0 + 1) / 4)] and sched._luce_watch == {}
+
+
+def test_plain_steps_ahead_are_scheduled_without_the_gate_until_the_batch_changes():
+    """Where plain wins and the re-check is far off, the binding schedules the gate's ``plain_steps_ahead`` plainly:
+    no decision, no observation (nothing kept for update_from_output), vLLM's lookup still answered 0. A waiting
+    request (or a change of the running ones) ends them."""
+    from vllm_luce.spec_decode.gate import SpecGate
+
+    gate = SpecGate()
+    for mode, seconds in ((True, 1.0), (False, 0.01)):  # batch 4 at context 9: speculation 100x slower
+        gate.observe(speculative=mode, batch_size=4, context_tokens=9, committed_tokens=4, seconds=seconds)
+    sched = _gated_scheduler(gate, running=4, waiting=0)
+    sched._luce_prompt_rows = False
+    outputs = [sched.schedule()]  # kept: the binding keys a step's decision by its output's id
+    ahead = sched._luce_lean
+    assert sched.asked == [0] and ahead > 100 and id(outputs[0]) in sched._luce_scheduled_at
+    decided = gate.step
+    outputs += [sched.schedule() for _ in range(5)]
+    assert sched.asked == [0] * 6 and sched.reserved == [0] * 6 and not sched.luce_step_drafts
+    assert gate.step == decided + 5 and gate.decisions["plain"] == 6 and sched._luce_lean == ahead - 5
+    assert not any(id(o) in sched._luce_scheduled_at for o in outputs[1:])  # lean steps are not observed
+    sched.waiting = [object()]
+    outputs.append(sched.schedule())
+    assert sched._luce_lean == 0 and id(outputs[-1]) in sched._luce_scheduled_at

@@ -82,9 +82,10 @@ def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
     holdable = n < DIRECT_WRITE_TOKENS or held.holds_large_steps
     if holdable and held.hold(features, positions, slots):
         return
-    write_deferred(proposer, cad)  # the held writes first: they are older
-    if not (holdable and held.hold(features, positions, slots)):  # a large step to copy, or larger than the store
-        write_context(proposer, features, positions, slots)
+    with torch.inference_mode():  # as vLLM's proposer: the pass writes the drafter's cache
+        write_deferred(proposer, cad)  # the held writes first: they are older
+        if not (holdable and held.hold(features, positions, slots)):  # a large step to copy, or larger than the store
+            write_context(proposer, features, positions, slots)
 
 
 def hold_plain_step(proposer, target_positions, target_hidden_states, cad) -> None:

@@ -21,6 +21,7 @@ import torch
 
 from vllm_luce.patches import ledger_signature, wrap_method
 from vllm_luce.patches.dflash_proposer import deferred, hold_plain_step
+from vllm_luce.spec_decode.deferred_context import DeferredContextByReference
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids"
 
@@ -48,6 +49,11 @@ def runner_holds_plain_steps(runner) -> bool:
         if held:  # the drafter's store of held context, made here once
             deferred(runner.drafter, by_reference=features_are_new_tensors(runner))
     return held
+
+
+def holds_by_reference(runner) -> bool:
+    """Whether the runner's drafter holds plain steps' context by reference (``features_are_new_tensors``)."""
+    return isinstance(deferred(runner.drafter), DeferredContextByReference)
 
 
 def features_are_new_tensors(runner) -> bool:

@@ -24,7 +24,7 @@ import torch
 
 from vllm_luce.patches import ledger_signature, wrap_method
 from vllm_luce.patches.gpu_model_runner_inputs import draft_free_output, without_speculative_config
-from vllm_luce.patches.gpu_model_runner_propose import hold_step_context
+from vllm_luce.patches.gpu_model_runner_propose import hold_step_context, holds_by_reference
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens"
 
@@ -46,18 +46,33 @@ def record_one_accepted_token(runner, n: int) -> None:
     runner.num_accepted_tokens.gpu[:n].fill_(1)
 
 
+def is_hybrid(runner) -> bool:
+    """``model_config.is_hybrid`` (a property that walks the layer types on each read), kept on the runner."""
+    hybrid = getattr(runner, "_luce_is_hybrid", None)
+    if hybrid is None:
+        hybrid = runner._luce_is_hybrid = runner.model_config.is_hybrid
+    return hybrid
+
+
 def _make_wrapper(original):
+    # vLLM's sample_tokens enters inference mode itself. The hold by reference (CPU) only keeps the step's tensors,
+    # and a full store's write enters inference mode there (dflash_proposer), so it runs without the context (a
+    # few us a step); the copying store copies into its buffers and keeps it.
     @functools.wraps(original)
-    @torch.inference_mode()  # as vLLM's: the hold may write the drafter's cache, the update writes runner buffers
     def sample_tokens(self, grammar_output):
         state = self.execute_model_state
         if not samples_plain(self, state):
             return original(self, grammar_output)
         output = without_speculative_config(original, self, grammar_output)
-        if self.model_config.is_hybrid:  # what vLLM's speculative path records: one accepted token per row
+        if is_hybrid(self):  # what vLLM's speculative path records: one accepted token per row
             record_one_accepted_token(self, len(output.req_ids))
-        hold_step_context(self, state.scheduler_output, state.hidden_states, state.aux_hidden_states,
-                          state.spec_decode_common_attn_metadata)
+        args = (self, state.scheduler_output, state.hidden_states, state.aux_hidden_states,
+                state.spec_decode_common_attn_metadata)
+        if holds_by_reference(self):
+            hold_step_context(*args)
+        else:
+            with torch.inference_mode():
+                hold_step_context(*args)
         self.finalize_kv_connector()
         return output
 

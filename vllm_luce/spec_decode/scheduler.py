@@ -144,6 +144,8 @@ class DFlashGateMixin:
         self._luce_probe: tuple | None = None  # batch and context of the probe scheduled last (its drafts to compare)
         self._luce_watch: dict[str, list] = {}  # a probe's requests -> [first output index, drafts, matched, settled]
         self._luce_watch_regime: tuple = ()
+        self._luce_lean = 0  # steps left that run plain without the gate deciding or observing (plain_steps_ahead)
+        self._luce_lean_batch = 0  # the running requests they were counted for
         if schedule_reads_draft_slots(Scheduler):
             self._luce_plain_config = PlainStepConfig(self.vllm_config)
         else:
@@ -173,11 +175,17 @@ class DFlashGateMixin:
             r.num_tokens - r.num_computed_tokens > 1 for r in self.running)
 
     def schedule(self, *args, **kwargs):
+        if self._luce_lean and not self.waiting and not self._luce_prompt_rows and len(
+                self.running) == self._luce_lean_batch:
+            return self._luce_schedule_lean(*args, **kwargs)
         gate = self.luce_gate
         start = time.perf_counter()
         lookup, config = self.dynamic_sd_lookup, self.vllm_config
         self._luce_regime = None
         planned = lookup.plan() if isinstance(lookup, GatedLookup) and (self.running or self.waiting) else None
+        self._luce_lean = 0
+        if planned == 0 and not self.waiting and not self._luce_watch and not self._luce_regime[2]:
+            self._luce_lean, self._luce_lean_batch = gate.plain_steps_ahead(self._luce_regime[1]), len(self.running)
         probe, self._luce_probe = self._luce_probe, None
         if self._luce_drafts_held:  # a step drafted since the running requests' drafts were last dropped
             drop_all = planned == 0 and not gate.keeps_drafts()  # a plain step where speculation does not pay
@@ -207,6 +215,25 @@ class DFlashGateMixin:
             del at[next(iter(at))]
         return output
 
+    def _luce_schedule_lean(self, *args, **kwargs):
+        """A step of ``SpecGate.plain_steps_ahead``: plain and without the draft reservation, counted by the gate but
+        neither decided nor observed (not in ``_luce_scheduled_at``). Such a step follows a plain one in the same
+        regime, so no request holds drafts."""
+        self._luce_lean -= 1
+        self.luce_gate.skip_plain_step()
+        lookup, config = self.dynamic_sd_lookup, self.vllm_config
+        lookup.planned = 0
+        if self._luce_plain_config is not None:
+            self.vllm_config = self._luce_plain_config
+        try:
+            output = super().schedule(*args, **kwargs)
+        finally:
+            self.vllm_config = config
+            lookup.planned = None
+        self.luce_step_drafts = False
+        self._luce_prompt_rows = carries_prompt_tokens(output)
+        return output
+
     def update_from_output(self, scheduler_output, model_runner_output):
         started, regime = self._luce_scheduled_at.pop(id(scheduler_output), (None, None))
         self._luce_observe(scheduler_output, model_runner_output, started, regime)
@@ -222,11 +249,13 @@ class DFlashGateMixin:
     def _luce_observe(self, scheduler_output, model_runner_output, started: float | None,
                       regime: tuple | None) -> None:
         """One finished step into the gate, in the regime its mode was decided for (batch, context, prompt)."""
+        if started is None or regime is None:  # a step no decision was made for (a lean one, a test's own lookup)
+            return
         sampled = model_runner_output.sampled_token_ids
         index = model_runner_output.req_id_to_index
         scheduled = scheduler_output.num_scheduled_tokens
         spec = scheduler_output.scheduled_spec_decode_tokens
-        if not scheduled or not sampled or started is None or regime is None:
+        if not scheduled or not sampled:
             return
         batch, context, prompt = regime
         total = scheduler_output.total_num_scheduled_tokens
