@@ -113,9 +113,13 @@ def test_a_probe_reads_acceptance_from_the_tokens_committed_after_it(pair):
     regime = gate.regime(4, 20)
     assert regime.winner() is False
     regime.explore_interval = lambda config: 20  # re-checks every 20 steps (past a probe's 15 drafts)
-    seen = []
-    observe_probe = gate.observe_probe
-    gate.observe_probe = lambda batch, context, accepted: (seen.append(accepted), observe_probe(batch, context, accepted))
+    seen, observe_probe = [], gate.observe_probe
+
+    def observed(batch, context, accepted):
+        seen.append(accepted)
+        observe_probe(batch, context, accepted)
+
+    gate.observe_probe = observed
     prompts = [{"prompt_token_ids": [t + 50 * i for t in PROMPT]} for i in range(4)]
     outs = llm.generate(prompts, SamplingParams(max_tokens=192, temperature=0.0, ignore_eos=True), use_tqdm=False)
     assert [list(o.outputs[0].token_ids) for o in outs] == expected(4, 192)

@@ -7,7 +7,7 @@ pin the contract instead:
 * V2's speculators compute draft logits through the drafter model's ``compute_logits``, so the
   Luce drafter class (non-finite guard, confidences) applies to V2 as well;
 * with async scheduling (V2's default) the gated async scheduler sizes its placeholders from the
-  same value.
+  same value, and the gate's re-checks stay exploration runs (probes read tokens a step late there).
 
 Not bound on V2: cutting each request's verify width (V1 only, ``patches/gpu_model_runner.py``):
 V2 keeps drafts on the GPU and verifies what it scheduled.
@@ -23,7 +23,7 @@ from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
 
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate
 from vllm_luce.spec_decode.install import GATED_SCHEDULERS
-from vllm_luce.spec_decode.scheduler import GatedLookup, LuceGatedAsyncScheduler, LuceGatedScheduler
+from vllm_luce.spec_decode.scheduler import GatedLookup, LuceGatedAsyncScheduler, LuceGatedScheduler, gate_config
 
 
 def test_v2_runner_takes_the_draft_length_from_the_scheduler():
@@ -55,3 +55,8 @@ def test_gated_lookup_answers_the_gates_decision():
     lookup = GatedLookup(fake)
     answers = [lookup[8] for _ in range(6)]
     assert set(answers) == {0, 15} and answers[:2] == [0, 0] and answers[2:4] == [15, 15]  # plain first
+
+
+def test_the_async_scheduler_re_checks_by_exploration_runs_and_the_sync_one_by_probes():
+    assert gate_config(object.__new__(LuceGatedAsyncScheduler)).probes is False
+    assert gate_config(object.__new__(LuceGatedScheduler)).probes is True

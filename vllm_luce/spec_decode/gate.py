@@ -36,11 +36,12 @@ plain where speculation wins them. A run ends early when its first clean sample 
 ``decisive`` times slower than the other mode's rate in its regime: plain first, a speculative
 calibration or exploration that loses by that much costs one verify step, not ``run_length``.
 
-Where plain decoding wins, the re-check is a probe rather than an exploration run (``probe_suits``): one
-step drafts, the next (plain) drops its drafts, and the binding compares them with the tokens each request
-goes on to commit. That matched length is the acceptance speculation would get, and with the step costs
-measured in the regime it scales speculation's measured verdict (``observe_probe``); only a prediction close to plain's
-runs a real exploration. Speculation loses where acceptance is too low for its verify steps, and a probe
+Where plain decoding wins by more than ``probe_explores_at``, the re-check is a probe rather than an
+exploration run (``probe_suits``): one step drafts, the next (plain) drops its drafts, and the binding
+compares them with the tokens each request goes on to commit. That matched length is the acceptance
+speculation would get; the measured verdict, scaled by it against the acceptance it was measured at,
+predicts speculation's rate (``observe_probe``), and only a prediction of ``probe_explores_at`` or more runs
+a real exploration. Speculation loses where acceptance is too low for its verify steps, and a probe
 measures exactly that at the cost of one drafting step, without the verify steps.
 
 A plain step drops the drafts of the step before (verifies none of them) unless speculation wins its
@@ -338,7 +339,7 @@ class SpecGate:
         run: a step that drafts but verifies nothing (the next, plain, step drops the drafts), whose drafts the
         binding compares with the tokens each request then commits (``observe_probe``). Speculation loses there
         whenever acceptance is too low for its verify steps' cost, so the acceptance it would get, read off the
-        probe, predicts its rate from the step costs measured here; only a prediction of ``probe_explores_at`` or
+        probe, predicts its rate (``Regime.predicted_speedup``); only a prediction of ``probe_explores_at`` or
         more runs the exploration. A probe costs a drafting step, an exploration that step and the verify steps
         after it (on the always-wrong pair at batch 1 on CPU: 7.1 and 3.7 ms twice against 1.55 ms plain steps).
         Only where speculation's measured verdict is itself below that (a closer loser gets its exploration runs, which
@@ -496,6 +497,6 @@ class SpecGate:
             parts.append(f"batch<={b} ctx<={c}K{' +prompt' if p else ''}: spec {r.spec_rate.value:.1f} tok/s vs "
                          f"plain {r.plain_rate.value:.1f} tok/s{paired} -> {mode}")
         return (f"gate: {self.decisions['spec']} spec / {self.decisions['plain']} plain steps, "
-                f"{self.explorations} explorations, {self.probes} probes, {self.stopped_requests()} requests not "
-                f"drafting; "
+                f"{self.explorations} explorations, {self.probes} probes, "
+                f"{self.stopped_requests()} requests not drafting; "
                 + ("; ".join(parts) or "no regimes yet"))

@@ -123,14 +123,19 @@ def schedule_reads_draft_slots(scheduler_cls) -> bool:
     return "self.vllm_config.speculative_config" in source and ".max_num_new_slots_for_drafting" in source
 
 
+def gate_config(scheduler) -> GateConfig:
+    """The gate's settings for this scheduler. Probes compare a probe's drafts with the tokens each request commits
+    after them; an asynchronous scheduler (Model Runner V2's default) schedules a step before the previous one's
+    tokens are in, so there every re-check stays an exploration run."""
+    return GateConfig(probes=not isinstance(scheduler, AsyncScheduler))
+
+
 class DFlashGateMixin:
     """Scheduler mixin: the batch gate (K per step) and the per-request draft stop."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        # Probes compare drafts with the tokens committed after them, which an asynchronous scheduler appends a step
-        # late: there every re-check is an exploration run.
-        self.luce_gate = SpecGate(GateConfig(probes=not isinstance(self, AsyncScheduler)))
+        self.luce_gate = SpecGate(gate_config(self))
         self.luce_max_spec_tokens = self.num_spec_tokens
         self.dynamic_sd_lookup = GatedLookup(self)
         self._luce_scheduled_at: dict[int, tuple] = {}  # a step's output -> its start and regime
@@ -180,7 +185,7 @@ class DFlashGateMixin:
             return self._luce_schedule_lean(*args, **kwargs)
         gate = self.luce_gate
         start = time.perf_counter()
-        lookup, config = self.dynamic_sd_lookup, self.vllm_config
+        lookup = self.dynamic_sd_lookup
         self._luce_regime = None
         planned = lookup.plan() if isinstance(lookup, GatedLookup) and (self.running or self.waiting) else None
         self._luce_lean = 0
@@ -196,14 +201,7 @@ class DFlashGateMixin:
                     if request.spec_token_ids and (drop_all or not gate.request_may_draft(request.request_id)):
                         request.spec_token_ids = []  # verify nothing for it this step
             self._luce_drafts_held = not drop_all
-        if planned == 0 and self._luce_plain_config is not None:
-            self.vllm_config = self._luce_plain_config
-        try:
-            output = super().schedule(*args, **kwargs)
-        finally:
-            self.vllm_config = config
-            if isinstance(lookup, GatedLookup):
-                lookup.planned = None  # vLLM asks only when it scheduled a request
+        output = self._luce_vllm_schedule(planned == 0, *args, **kwargs)
         self.luce_step_drafts = output.num_spec_tokens_to_schedule > 0
         if gate.probing and self.luce_step_drafts:
             self._luce_probe = self._luce_regime[:2]
@@ -221,18 +219,24 @@ class DFlashGateMixin:
         regime, so no request holds drafts."""
         self._luce_lean -= 1
         self.luce_gate.skip_plain_step()
-        lookup, config = self.dynamic_sd_lookup, self.vllm_config
-        lookup.planned = 0
-        if self._luce_plain_config is not None:
-            self.vllm_config = self._luce_plain_config
-        try:
-            output = super().schedule(*args, **kwargs)
-        finally:
-            self.vllm_config = config
-            lookup.planned = None
+        self.dynamic_sd_lookup.planned = 0  # what vLLM's lookup answers
+        output = self._luce_vllm_schedule(True, *args, **kwargs)
         self.luce_step_drafts = False
         self._luce_prompt_rows = carries_prompt_tokens(output)
         return output
+
+    def _luce_vllm_schedule(self, plain: bool, *args, **kwargs):
+        """vLLM's ``schedule``; a ``plain`` step without the draft reservation (``PlainStepConfig``). The lookup's plan
+        is spent afterwards (vLLM asks for it only when it scheduled a request)."""
+        lookup, config = self.dynamic_sd_lookup, self.vllm_config
+        if plain and self._luce_plain_config is not None:
+            self.vllm_config = self._luce_plain_config
+        try:
+            return super().schedule(*args, **kwargs)
+        finally:
+            self.vllm_config = config
+            if isinstance(lookup, GatedLookup):
+                lookup.planned = None
 
     def update_from_output(self, scheduler_output, model_runner_output):
         started, regime = self._luce_scheduled_at.pop(id(scheduler_output), (None, None))
@@ -296,9 +300,9 @@ class DFlashGateMixin:
         more either). Once all are settled, the gate gets the mean matched drafts per request."""
         for req_id, entry in self._luce_watch.items():
             start, drafts, matched, settled = entry
-            request = self.requests.get(req_id)
             if settled:
                 continue
+            request = self.requests.get(req_id)
             if request is None or request.is_finished():
                 entry[3] = True
                 continue
