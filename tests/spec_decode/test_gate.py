@@ -431,3 +431,23 @@ def test_plain_steps_ahead_run_plain_and_leave_the_recheck_where_deciding_them_w
     simulate(fresh, 100, 300.0, 100.0)  # speculation wins
     fresh.decide(4, 2048)
     assert fresh.plain_steps_ahead(2048) == 0
+
+
+def test_plain_steps_ahead_cover_a_regime_that_runs_plain_on_an_easier_ones_verdict():
+    """A larger batch than one plain wins runs plain until its first exploration (``plain_prior``); skipping those
+    steps leaves its calibration where deciding them would."""
+    import copy
+
+    config = GateConfig(explore_every=16, explore_budget=0.1)
+    gate = SpecGate(config)
+    simulate(gate, 200, 40.0, 100.0, batch=4)  # plain wins 2.5x at batch 4
+    assert not gate.decide(16, 2048)  # batch 16: no speculative sample, plain on batch 4's verdict
+    ahead = gate.plain_steps_ahead(2048)
+    prior = gate.plain_prior(16, 2048)
+    assert ahead == prior + 1 - 1 - (config.pair_samples + config.run_length) > 0
+    skipping = copy.deepcopy(gate)
+    assert not any(gate.decide(16, 2048) for _ in range(ahead))
+    for _ in range(ahead):
+        skipping.skip_plain_step()
+    assert simulate(skipping, 300, 30.0, 100.0, batch=16) == simulate(gate, 300, 30.0, 100.0, batch=16)
+    assert any(simulate(copy.deepcopy(gate), 300, 30.0, 100.0, batch=16))  # the exploration still comes

@@ -253,6 +253,7 @@ class SpecGate:
         self._run_regime: Regime | None = None  # where the run in progress was decided
         self._run_prompt = False  # whether it was decided for a step with prompt tokens
         self._regime: Regime | None = None  # where the latest step was decided
+        self._decided: tuple = ()  # the latest decision's batch, context and prompt flag
         self._latest = True  # what the latest step ran
         self._samples = 0  # clean samples observed, all regimes: the clock of back-to-back pairs
         self._asked: tuple | None = None  # the latest regime asked for: batch, context // 1024, prompt
@@ -291,6 +292,7 @@ class SpecGate:
     def _choose(self, batch_size: int, context_tokens: int, prompt: bool, may_draft) -> bool:
         self.step += 1
         self.probing = probe = False
+        self._decided = (batch_size, context_tokens, prompt)
         r = self._regime = self.regime(batch_size, context_tokens, prompt)
         r.steps += 1
         if self._run_prompt and not prompt:
@@ -369,17 +371,24 @@ class SpecGate:
         """Steps after the one just decided that run plain whatever they would observe, while the step's regime stays
         the same (the binding checks its batch and prompt tokens; ``context_tokens``, the batch's mean, grows by one a
         decode step, and the count stops short of its next 1,024): the latest decision was plain, not a prompt step's,
-        in a measured regime that plain wins, and its re-check is further off than the clean samples that must come
+        in a measured regime that plain wins or one that runs plain on an easier regime's verdict (``plain_prior``:
+        each new batch-size bucket of such a load), and its re-check is further off than the clean samples that come
         just before it (``pair_samples`` plain samples for the back-to-back comparison, and a run). The binding
         neither decides nor observes those steps (``skip_plain_step``): in steady plain decoding the decision and the
         observation were about 22 us of a 1.8 ms step on CPU (always-wrong pair at batch 4)."""
         r = self._regime
-        if self._latest or self._run_prompt or r is None or r.explore_due or r.winner() is not False:
+        if self._latest or r is None or self._decided[2] or r.explore_due:
             return 0
-        if not r.calibrated(self.config):
-            return 0
-        margin = self.config.pair_samples + self.config.run_length
-        ahead = r.explore_interval(self.config) - (r.steps - r.last_explore) - margin
+        if r.calibrated(self.config):
+            if r.winner() is not False:
+                return 0
+            recheck = r.explore_interval(self.config)  # steps since the last re-check at which the next one runs
+        else:  # running plain on an easier regime's verdict (plain_prior) until its first exploration
+            prior = None if r.spec_rate.samples else self.plain_prior(*self._decided)
+            if prior is None:
+                return 0
+            recheck = prior + 1
+        ahead = recheck - (r.steps - r.last_explore) - (self.config.pair_samples + self.config.run_length)
         return max(0, min(ahead, 1023 - context_tokens % 1024))
 
     def skip_plain_step(self) -> None:
