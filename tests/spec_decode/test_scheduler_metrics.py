@@ -40,7 +40,7 @@ def test_report_publishes_each_regimes_rates_and_back_to_back_speedup(monkeypatc
     for spec, rate in ((True, 120.0), (True, 120.0), (False, 100.0), (False, 100.0)):
         gate.observe(speculative=spec, batch_size=4, context_tokens=100, committed_tokens=4, seconds=4 / rate)
     fake = SimpleNamespace(luce_gate=gate, _luce_labels={"model_name": "m"}, _luce_verified=0, _luce_accepted_counts={},
-                           _luce_reported_at=0.0, _luce_rates_at=0.0)
+                           _luce_reported_at=0.0, _luce_rates_at=0.0, _luce_last_log=0.0)
     fake._luce_publish_verify = lambda: None
     S.DFlashGateMixin._luce_report(fake)
     assert gauges[("dflash_gate_speedup", None, 4)] == approx(1.2)
