@@ -64,7 +64,8 @@ def measure(pair: str, concurrency: list[int], rounds: int, tokens: int) -> list
         median = {name: statistics.median(steps[name]) for name in ENGINES}
         total = {name: sum(steps[name]) for name in ENGINES}
         gate = engines["gated"].llm_engine.engine_core.engine_core.scheduler.luce_gate
-        rows.append({"pair": pair, "concurrency": c, "median_step_us": {k: round(v * 1e6, 1) for k, v in median.items()},
+        rows.append({"pair": pair, "concurrency": c,
+                     "median_step_us": {k: round(v * 1e6, 1) for k, v in median.items()},
                      "plain_step": (median["none"] + median["none2"]) / (median["gated"] + median["gated2"]),
                      "total": (total["none"] + total["none2"]) / (total["gated"] + total["gated2"]),
                      "gate": gate.summary().split(";")[0]})

@@ -36,7 +36,7 @@ plain where speculation wins them. A run ends early when its first clean sample 
 ``decisive`` times slower than the other mode's rate in its regime: plain first, a speculative
 calibration or exploration that loses by that much costs one verify step, not ``run_length``.
 
-Where plain decoding wins by more than ``probe_explores_at``, the re-check is a probe rather than an
+Where speculation's measured verdict is below ``probe_explores_at``, the re-check is a probe rather than an
 exploration run (``probe_suits``): one step drafts, the next (plain) drops its drafts, and the binding
 compares them with the tokens each request goes on to commit. That matched length is the acceptance
 speculation would get; the measured verdict, scaled by it against the acceptance it was measured at,
@@ -218,10 +218,10 @@ class SpecGate:
         probe, predicts its rate (``Regime.predicted_speedup``); only a prediction of ``probe_explores_at`` or
         more runs the exploration. A probe costs a drafting step, an exploration that step and the verify steps
         after it (on the always-wrong pair at batch 1 on CPU: 7.1 and 3.7 ms twice against 1.55 ms plain steps).
-        Only where speculation's measured verdict is itself below that (a closer loser gets its exploration runs, which
-        a probe would only precede), not for steps with prompt tokens (their regime is visited a step at a time), and
-        an exploration still runs at least every ``max_explore_every`` steps, to re-measure the verdict the prediction
-        scales."""
+        Only where speculation's measured verdict is itself below that (a closer loser gets its exploration runs,
+        which a probe would only precede), not for steps with prompt tokens (their regime is visited a step at a
+        time), and an exploration still runs at least every ``max_explore_every`` steps, to re-measure the verdict
+        the prediction scales."""
         speedup = r.speedup()
         return (self.config.probes and not prompt and not r.explore_due and r.spec_tokens.samples > 0
                 and speedup is not None and speedup < self.config.probe_explores_at

@@ -189,7 +189,7 @@ class DFlashGateMixin:
         self._luce_regime = None
         planned = lookup.plan() if isinstance(lookup, GatedLookup) and (self.running or self.waiting) else None
         self._luce_lean = 0
-        if planned == 0 and not self.waiting and not self._luce_watch and not self._luce_regime[2]:
+        if planned == 0 and not self.waiting and not self._luce_watch:  # the gate rules out prompt steps itself
             self._luce_lean, self._luce_lean_batch = gate.plain_steps_ahead(self._luce_regime[1]), len(self.running)
         probe, self._luce_probe = self._luce_probe, None
         if self._luce_drafts_held:  # a step drafted since the running requests' drafts were last dropped
