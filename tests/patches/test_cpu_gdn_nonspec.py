@@ -1,7 +1,7 @@
-"""Decode-only steps of the CPU Gated DeltaNet non-speculative path in a speculating engine: the plain
-engine's decode (C++ conv where the CPU has bf16 dot products) on the wide buffer's first width - 1
-columns must give vLLM's own results (its torch conv on that view, on this CPU), leave the other
-columns alone, and hand steps with prompt rows to vLLM."""
+"""Draft-free decode-only steps of the CPU Gated DeltaNet path in a speculating engine: the plain engine's
+decode (C++ conv where the CPU has bf16 dot products) on the wide buffer's first width - 1 columns must
+give vLLM's own results (its torch conv on that view, on this CPU), leave the other columns alone, keep
+its views until the cache is rebound, and hand steps with prompt rows or drafts to vLLM."""
 
 from types import SimpleNamespace
 
@@ -40,6 +40,7 @@ def block_table_column(slots):
 def step(slots, n, g):
     dim = 3 * HEADS * HEAD_DIM
     meta = SimpleNamespace(num_decodes=n, num_decode_tokens=n, num_prefills=0, num_prefill_tokens=0,
+                           spec_sequence_masks=None,
                            non_spec_state_indices_tensor=block_table_column(slots),
                            non_spec_query_start_loc=torch.arange(n + 1, dtype=torch.int32))
     x = torch.randn(n, dim, generator=g).bfloat16()
@@ -61,7 +62,7 @@ def test_decode_matches_vllms_non_speculative_path():
         meta, x, a, b = step(slots, n, g)
         out_ours = torch.full((n, HEADS, HEAD_DIM), float("nan")).bfloat16()
         out_vllm = torch.full_like(out_ours, float("nan"))
-        P.decode(layer, meta, x, b, a, out_ours, ours[0], ours[1], WIDTH)
+        P.decode(layer, meta, x, b, a, out_ours, ours[0][:, :, : WIDTH - 1], ours[1])
         # vLLM's own path refuses a one-row strided column (it never decodes there); it gets a dense copy.
         dense_slots = torch.tensor(slots, dtype=torch.int32)
         dense = SimpleNamespace(**{**vars(meta), "non_spec_state_indices_tensor": dense_slots})
@@ -77,9 +78,36 @@ def test_decode_matches_vllms_non_speculative_path():
         assert torch.equal(ours[0][untouched], conv[untouched]) and torch.equal(ours[1][untouched], ssm[untouched])
 
 
-def test_steps_with_prompt_rows_or_no_decodes_run_vllms_code():
+def test_the_entry_decodes_on_views_kept_until_the_cache_is_rebound():
+    g = torch.Generator().manual_seed(1)
+    layer = Layer(g)
+    dim, n_slots = 3 * HEADS * HEAD_DIM, 6
+    conv = torch.randn(n_slots, WIDTH - 1 + K, dim, generator=g).bfloat16()  # SD layout: slots x state_len x dim
+    ssm = torch.randn(n_slots, HEADS, HEAD_DIM, HEAD_DIM, generator=g) * 0.1
+    layer.kv_cache = (conv, ssm)
+    wrapper = P._make_wrapper(lambda *args: pytest.fail("a draft-free decode step went to vLLM's code"))
+    meta, x, a, b = step([4, 1], 2, g)
+    reference = (conv.clone().transpose(1, 2), ssm.clone())
+    expected = torch.full((2, HEADS, HEAD_DIM), float("nan")).bfloat16()
+    P.decode(layer, meta, x, b, a, expected, reference[0][:, :, : WIDTH - 1], reference[1])
+    out = torch.full_like(expected, float("nan"))
+    wrapper(layer, meta, x, b, a, out, WIDTH, WIDTH - 1 + K)
+    assert torch.equal(out, expected) and torch.equal(conv.transpose(1, 2), reference[0])
+    kept = layer._luce_state_views
+    wrapper(layer, meta, x, b, a, out, WIDTH, WIDTH - 1 + K)
+    assert layer._luce_state_views is kept
+    layer.kv_cache = (conv.clone(), ssm.clone())  # rebound (a new cache): new views on the new tensors
+    wrapper(layer, meta, x, b, a, out, WIDTH, WIDTH - 1 + K)
+    history, state = P.state_views(layer, WIDTH)
+    assert history.data_ptr() == layer.kv_cache[0].data_ptr() and state.data_ptr() == layer.kv_cache[1].data_ptr()
+    assert meta._luce_slots.is_contiguous() and meta._luce_slots.tolist() == [4, 1]
+
+
+def test_steps_with_prompt_rows_drafts_or_no_decodes_run_vllms_code():
     calls = []
     wrapper = P._make_wrapper(lambda *args: calls.append(args[1]))
-    for meta in (SimpleNamespace(num_prefills=1, num_decodes=2), SimpleNamespace(num_prefills=0, num_decodes=0)):
-        wrapper(None, meta, None, None, None, None, None, None, WIDTH)
-    assert len(calls) == 2
+    for meta in (SimpleNamespace(spec_sequence_masks=None, num_prefills=1, num_decodes=2),
+                 SimpleNamespace(spec_sequence_masks=None, num_prefills=0, num_decodes=0),
+                 SimpleNamespace(spec_sequence_masks=torch.ones(2, dtype=torch.bool), num_prefills=0, num_decodes=2)):
+        wrapper(None, meta, None, None, None, None, WIDTH, WIDTH - 1 + K)
+    assert len(calls) == 3

@@ -77,19 +77,19 @@ LEDGER: tuple[LedgerEntry, ...] = (
                     "(dynamic speculative decoding on hybrid models).",
     ),
     LedgerEntry(
-        target="vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:_spec_aware_nonspec",
+        target="vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:_cpu_gdn_attention_spec_aware",
         signature="(layer, attn_metadata_i: 'GDNAttentionMetadata', mixed_qkv: 'torch.Tensor', b: 'torch.Tensor', "
-                  "a: 'torch.Tensor', core_attn_out: 'torch.Tensor', conv_buf: 'torch.Tensor', ssm_state: "
-                  "'torch.Tensor', width: 'int') -> 'None'",
+                  "a: 'torch.Tensor', core_attn_out: 'torch.Tensor', width: 'int', state_len: 'int') -> 'None'",
         module="vllm_luce.patches.cpu_gdn_nonspec",
         why="The DFlash gate's plain steps should cost what a step without speculation costs. On hybrid targets "
             "the Gated DeltaNet speculative path (and its metadata) cost a plain step about 0.3 ms more than a "
             "plain engine's decode at batch 1 on CPU (cProfile). vLLM's non-speculative path in a speculating "
             "engine decodes with its torch conv except on AMX or Arm bf16 CPUs, several times the C++ conv a "
             "plain engine runs.",
-        how="On CPU only, wraps _spec_aware_nonspec: a step whose rows all decode (no prompt rows) runs the "
-            "plain engine's decode, the conv a plain engine runs on the buffer's first width - 1 columns and "
-            "vLLM's recurrent decode kernel. gpu_model_runner_inputs sends a draft-free step here only when "
+        how="On CPU only, wraps _cpu_gdn_attention_spec_aware: a step whose rows all decode (no prompt rows, no "
+            "drafts) runs the plain engine's decode, the conv a plain engine runs on the buffer's first width - 1 "
+            "columns and vLLM's recurrent decode kernel, on views of the layer's cache built once per binding "
+            "(vLLM's entry builds them per call, 7 us a layer). gpu_model_runner_inputs sends a draft-free step here only when "
             "every row decodes and accepted one token last step (no state offset). Steps with prompt rows run "
             "vLLM's code.",
         remove_when="vLLM's CPU GDN decodes rows without drafts in a speculating engine with its C++ conv on "
