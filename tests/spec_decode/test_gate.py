@@ -413,9 +413,9 @@ def test_plain_steps_ahead_run_plain_and_leave_the_recheck_where_deciding_them_w
     config = GateConfig(explore_every=16, explore_budget=0.1)
     gate = SpecGate(config)
     simulate(gate, 100, 40.0, 100.0)  # plain wins 2.5x
-    while gate.decide(4, 2048) or gate.plain_steps_ahead(2048) == 0:
+    while gate.decide(4, 2048) or gate.plain_steps_ahead() == 0:
         pass
-    ahead = gate.plain_steps_ahead(2048)
+    ahead = gate.plain_steps_ahead()
     regime = gate.regimes[SpecGate.regime_key(4, 2048)]
     margin = config.pair_samples + config.run_length
     assert ahead == regime.explore_interval(config) - (regime.steps - regime.last_explore) - margin > 0
@@ -425,12 +425,13 @@ def test_plain_steps_ahead_run_plain_and_leave_the_recheck_where_deciding_them_w
         skipping.skip_plain_step()
     assert skipping.decisions == gate.decisions and skipping.step == gate.step
     assert simulate(skipping, 300, 40.0, 100.0) == simulate(gate, 300, 40.0, 100.0)
-    assert gate.plain_steps_ahead(1020) <= 3  # short of the next 1,024 tokens of context: maybe another regime
-    assert gate.decide(4, 2048, prompt=True) is False and gate.plain_steps_ahead(2048) == 0  # prompt steps: none
+    gate.decide(4, 3068)  # the same regime (contexts 2,048-3,071), 1,020 tokens past its 1,024
+    assert gate.plain_steps_ahead() <= 3  # short of the next 1,024 tokens of context: maybe another regime
+    assert gate.decide(4, 2048, prompt=True) is False and gate.plain_steps_ahead() == 0  # prompt steps: none
     fresh = SpecGate(config)
     simulate(fresh, 100, 300.0, 100.0)  # speculation wins
     fresh.decide(4, 2048)
-    assert fresh.plain_steps_ahead(2048) == 0
+    assert fresh.plain_steps_ahead() == 0
 
 
 def test_plain_steps_ahead_cover_a_regime_that_runs_plain_on_an_easier_ones_verdict():
@@ -442,7 +443,7 @@ def test_plain_steps_ahead_cover_a_regime_that_runs_plain_on_an_easier_ones_verd
     gate = SpecGate(config)
     simulate(gate, 200, 40.0, 100.0, batch=4)  # plain wins 2.5x at batch 4
     assert not gate.decide(16, 2048)  # batch 16: no speculative sample, plain on batch 4's verdict
-    ahead = gate.plain_steps_ahead(2048)
+    ahead = gate.plain_steps_ahead()
     prior = gate.plain_prior(16, 2048)
     assert ahead == prior + 1 - 1 - (config.pair_samples + config.run_length) > 0
     skipping = copy.deepcopy(gate)

@@ -241,10 +241,10 @@ class SpecGate:
         if predicted >= self.config.probe_explores_at:
             r.explore_due = True
 
-    def plain_steps_ahead(self, context_tokens: int) -> int:
+    def plain_steps_ahead(self) -> int:
         """Steps after the one just decided that run plain whatever they would observe, while the step's regime stays
-        the same (the binding checks its batch and prompt tokens; ``context_tokens``, the batch's mean, grows by one a
-        decode step, and the count stops short of its next 1,024): the latest decision was plain, not a prompt step's,
+        the same (the binding checks its batch and prompt tokens; the decision's context, the batch's mean, grows by
+        one a decode step, and the count stops short of its next 1,024): the latest decision was plain, not a prompt step's,
         in a measured regime that plain wins or one that runs plain on an easier regime's verdict (``plain_prior``:
         each new batch-size bucket of such a load), and its re-check is further off than the clean samples that come
         just before it (``pair_samples`` plain samples for the back-to-back comparison, and a run). The binding
@@ -263,7 +263,7 @@ class SpecGate:
                 return 0
             recheck = prior + 1
         ahead = recheck - (r.steps - r.last_explore) - (self.config.pair_samples + self.config.run_length)
-        return max(0, min(ahead, 1023 - context_tokens % 1024))
+        return max(0, min(ahead, 1023 - self._decided[1] % 1024))
 
     def skip_plain_step(self) -> None:
         """One of ``plain_steps_ahead``'s steps, counted as the plain decision it is, in the same regime; nothing is

@@ -190,7 +190,7 @@ class DFlashGateMixin:
         planned = lookup.plan() if isinstance(lookup, GatedLookup) and (self.running or self.waiting) else None
         self._luce_lean = 0
         if planned == 0 and not self.waiting and not self._luce_watch:  # the gate rules out prompt steps itself
-            self._luce_lean, self._luce_lean_batch = gate.plain_steps_ahead(self._luce_regime[1]), len(self.running)
+            self._luce_lean, self._luce_lean_batch = gate.plain_steps_ahead(), len(self.running)
         probe, self._luce_probe = self._luce_probe, None
         if self._luce_drafts_held:  # a step drafted since the running requests' drafts were last dropped
             drop_all = planned == 0 and not gate.keeps_drafts()  # a plain step where speculation does not pay
