@@ -159,3 +159,27 @@ def test_the_store_by_reference_holds_large_steps_and_writes_only_live_requests(
     P.hold_plain_step(proposer, torch.arange(3), [torch.randn(3, 4)], cad(16, 3, [[1]]))
     P.write_deferred(proposer, cad(416, 1, [[26]]))  # its request finished: no pass at all
     assert writes == [[400, 401]]
+
+
+def test_a_full_store_by_reference_drops_finished_requests_rows_without_a_pass(monkeypatch):
+    """A step that does not fit first compacts the store: where the live rows fill at most half of it, they stay
+    held and no pass runs; otherwise the held rows are written, then the step is held."""
+    from vllm_luce.patches import dflash_proposer as P
+    from vllm_luce.spec_decode.deferred_context import DeferredContextByReference
+
+    writes = []
+    monkeypatch.setattr(P, "write_context", lambda proposer, f, pos, slots: writes.append(slots.tolist()))
+    proposer = SimpleNamespace(max_num_tokens=64, block_size=16, num_speculative_tokens=15, _last_draft_probs=None,
+                               _luce_deferred=DeferredContextByReference(max_tokens=10))
+
+    def step(first_slot, n, table):
+        cad = SimpleNamespace(num_actual_tokens=n, slot_mapping=torch.arange(first_slot, first_slot + n),
+                              block_table_tensor=torch.tensor(table), num_reqs=len(table))
+        P.hold_plain_step(proposer, torch.arange(n), [torch.randn(n, 4)], cad)
+
+    step(16, 6, [[1]])  # a request in block 1, finished after this step
+    step(32, 3, [[2]])  # a request in block 2
+    step(35, 3, [[2]])  # full: block 1's rows dropped, block 2's 3 kept, then this step held
+    assert writes == [] and proposer._luce_deferred.tokens == 6
+    step(38, 6, [[2]])  # full again, 6 of 10 rows live: they are written, then the step held
+    assert writes == [list(range(32, 38))] and proposer._luce_deferred.tokens == 6

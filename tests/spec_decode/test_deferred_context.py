@@ -214,3 +214,38 @@ def test_a_take_by_reference_drops_finished_steps_whole_without_a_gather():
     features, positions, slots = store.take(torch.tensor([[1, 2]]), 8)
     assert torch.equal(features, torch.cat([f for f, _, live in held if live]))
     assert slots.tolist() == torch.cat([s for _, s, live in held if live]).tolist() == (positions - 100).tolist()
+
+
+@pytest.mark.parametrize("alike", [True, False])
+def test_compacting_keeps_what_a_take_would_write_and_holds_on_after_it(alike):
+    """A compaction drops the writes a take drops (finished requests', overridden ones) and holds the others as
+    one step: held steps after it, then a take, write the same rows as one take of everything."""
+    g = torch.Generator().manual_seed(4)
+    steps = [[3, 4], [1, 3], [4, 4], [1, 2], [6, 2, 6], [1, 2]]  # blocks of 8 slots; 3 and 4 were freed
+    table = torch.tensor([[1, 2], [6, 0]])
+    stores = DeferredContextByReference(max_tokens=1000), DeferredContextByReference(max_tokens=1000)
+    for i, step in enumerate(steps):
+        slots = torch.tensor([b * 8 + i % 4 + 2 * j for j, b in enumerate(step)])  # step 5 overrides slot 9
+        widths = (2, 3) if alike or i % 2 else (4, 1)
+        parts = [torch.randn(len(step), w, generator=g) for w in widths]
+        for store in stores:
+            store.hold(parts, slots + 100, slots)
+        if i == 3:
+            assert stores[0].compact(table, 8) and len(stores[0]) == 1 and stores[0].tokens == 3  # 9, 11, 21 copied
+    features, positions, slots = stores[0].take(table, 8)
+    want = stores[1].take(table, 8)
+    assert torch.equal(features, want[0]) and slots.tolist() == want[2].tolist()
+    assert positions.tolist() == want[1].tolist() and slots.tolist().count(9) == 1  # the overridden write dropped
+
+
+def test_a_store_compacts_only_where_its_kept_rows_fill_at_most_half_of_it():
+    """More than half: nothing changes. A step whose rows are all kept stays held as it is, not copied."""
+    store = DeferredContextByReference(max_tokens=10)
+    first = torch.ones(4, 3)
+    store.hold(first, torch.arange(4), torch.tensor([8, 9, 16, 17]))  # blocks 1 and 2
+    store.hold(torch.ones(5, 3), torch.arange(5), torch.tensor([24, 25, 26, 27, 28]))  # block 3
+    assert not store.compact(torch.tensor([[1, 3]]), 8) and store.tokens == 9  # 7 of 10 rows live: unchanged
+    assert store.compact(torch.tensor([[1, 2]]), 8) and store.tokens == 4 and len(store) == 1  # 4 of 10
+    assert store._held[0][0] is first
+    assert store.compact(torch.tensor([[5]]), 8) and store.tokens == 0 and store.take(torch.tensor([[5]]), 8) is None
+    assert not DeferredContext(max_tokens=10).compact(torch.tensor([[1]]), 8)  # the buffers' store: never
