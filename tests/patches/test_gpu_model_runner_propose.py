@@ -162,8 +162,9 @@ def test_the_store_by_reference_holds_large_steps_and_writes_only_live_requests(
 
 
 def test_a_full_store_by_reference_drops_finished_requests_rows_without_a_pass(monkeypatch):
-    """A step that does not fit first compacts the store: where the live rows fill at most half of it, they stay
-    held and no pass runs; otherwise the held rows are written, then the step is held."""
+    """A step that does not fit first makes room in the store: where the live rows fill at most half of it, they
+    stay held and no pass runs; otherwise the held rows are written, then the step is held. Where room is made
+    but the step still does not fit, the rows kept are written first (they are older), then the step is held."""
     from vllm_luce.patches import dflash_proposer as P
     from vllm_luce.spec_decode.deferred_context import DeferredContextByReference
 
@@ -183,3 +184,6 @@ def test_a_full_store_by_reference_drops_finished_requests_rows_without_a_pass(m
     assert writes == [] and proposer._luce_deferred.tokens == 6
     step(38, 6, [[2]])  # full again, 6 of 10 rows live: they are written, then the step held
     assert writes == [list(range(32, 38))] and proposer._luce_deferred.tokens == 6
+    step(64, 3, [[4]])  # 9 rows held
+    step(67, 8, [[4]])  # block 2 finished: 3 rows kept, yet 8 more do not fit: those 3 written, this step held
+    assert writes[1:] == [[64, 65, 66]] and proposer._luce_deferred.tokens == 8

@@ -217,8 +217,8 @@ def test_a_take_by_reference_drops_finished_steps_whole_without_a_gather():
 
 
 @pytest.mark.parametrize("alike", [True, False])
-def test_compacting_keeps_what_a_take_would_write_and_holds_on_after_it(alike):
-    """A compaction drops the writes a take drops (finished requests', overridden ones) and holds the others as
+def test_making_room_keeps_what_a_take_would_write_and_holds_on_after_it(alike):
+    """Making room drops the writes a take drops (finished requests', overridden ones) and holds the others as
     one step: held steps after it, then a take, write the same rows as one take of everything."""
     g = torch.Generator().manual_seed(4)
     steps = [[3, 4], [1, 3], [4, 4], [1, 2], [6, 2, 6], [1, 2]]  # blocks of 8 slots; 3 and 4 were freed
@@ -231,21 +231,31 @@ def test_compacting_keeps_what_a_take_would_write_and_holds_on_after_it(alike):
         for store in stores:
             store.hold(parts, slots + 100, slots)
         if i == 3:
-            assert stores[0].compact(table, 8) and len(stores[0]) == 1 and stores[0].tokens == 3  # 9, 11, 21 copied
+            assert stores[0].make_room(table, 8) is None and len(stores[0]) == 1 and stores[0].tokens == 3  # 9, 11, 21
     features, positions, slots = stores[0].take(table, 8)
     want = stores[1].take(table, 8)
     assert torch.equal(features, want[0]) and slots.tolist() == want[2].tolist()
     assert positions.tolist() == want[1].tolist() and slots.tolist().count(9) == 1  # the overridden write dropped
 
 
-def test_a_store_compacts_only_where_its_kept_rows_fill_at_most_half_of_it():
-    """More than half: nothing changes. A step whose rows are all kept stays held as it is, not copied."""
-    store = DeferredContextByReference(max_tokens=10)
-    first = torch.ones(4, 3)
-    store.hold(first, torch.arange(4), torch.tensor([8, 9, 16, 17]))  # blocks 1 and 2
-    store.hold(torch.ones(5, 3), torch.arange(5), torch.tensor([24, 25, 26, 27, 28]))  # block 3
-    assert not store.compact(torch.tensor([[1, 3]]), 8) and store.tokens == 9  # 7 of 10 rows live: unchanged
-    assert store.compact(torch.tensor([[1, 2]]), 8) and store.tokens == 4 and len(store) == 1  # 4 of 10
+def test_a_full_store_keeps_its_live_rows_held_only_where_they_fill_at_most_half_of_it():
+    """More than half live: every held write is taken, as ``take`` takes them. At most half: the live ones stay
+    held, and a step whose rows are all kept stays as it is, not copied. The buffers' store always takes."""
+    def filled():
+        g = torch.Generator().manual_seed(5)
+        store, first = DeferredContextByReference(max_tokens=10), torch.randn(4, 3, generator=g)
+        store.hold(first, torch.arange(4), torch.tensor([8, 9, 16, 17]))  # blocks 1 and 2
+        store.hold(torch.randn(5, 3, generator=g), torch.arange(5), torch.tensor([24, 25, 26, 27, 28]))  # block 3
+        return store, first
+
+    store, _ = filled()
+    taken = store.make_room(torch.tensor([[1, 3]]), 8)  # 7 of 10 rows live
+    want = filled()[0].take(torch.tensor([[1, 3]]), 8)
+    assert store.tokens == 0 and len(taken[2]) == 7 and all(torch.equal(a, b) for a, b in zip(taken, want))
+    store, first = filled()
+    assert store.make_room(torch.tensor([[1, 2]]), 8) is None and store.tokens == 4 and len(store) == 1  # 4 of 10
     assert store._held[0][0] is first
-    assert store.compact(torch.tensor([[5]]), 8) and store.tokens == 0 and store.take(torch.tensor([[5]]), 8) is None
-    assert not DeferredContext(max_tokens=10).compact(torch.tensor([[1]]), 8)  # the buffers' store: never
+    assert store.make_room(torch.tensor([[5]]), 8) is None and store.tokens == 0  # nothing live
+    buffers = DeferredContext(max_tokens=10)
+    buffers.hold(torch.ones(2, 3), torch.arange(2), torch.tensor([8, 9]))
+    assert buffers.make_room(torch.tensor([[1]]), 8)[2].tolist() == [8, 9] and buffers.tokens == 0

@@ -68,9 +68,9 @@ def first_rows(t: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
-    """Keep a plain step's context writes. A large step (``DIRECT_WRITE_TOKENS``, where the store copies),
-    or one that would not fit after the store's ``compact``, writes what is held, then holds or writes its own. ``target_hidden_states``
-    is one tensor, or the target layers' outputs (concatenated when held)."""
+    """Keep a plain step's context writes. A large step (``DIRECT_WRITE_TOKENS``, where the store copies), or one
+    that would not fit after the store's ``make_room``, writes what is held, then holds or writes its own.
+    ``target_hidden_states`` is one tensor, or the target layers' outputs (concatenated when held)."""
     n = cad.num_actual_tokens
     positions = first_rows(target_positions[0] if target_positions.dim() == 2 else target_positions, n)
     features = ([first_rows(h, n) for h in target_hidden_states]
@@ -82,11 +82,15 @@ def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
     holdable = n < DIRECT_WRITE_TOKENS or held.holds_large_steps
     if holdable and held.hold(features, positions, slots):
         return
-    if holdable and held.compact(cad.block_table_tensor[: cad.num_reqs], proposer.block_size) and held.hold(
-            features, positions, slots):
-        return  # finished requests' rows dropped from a full store: the live ones stay held
     with torch.inference_mode():  # as vLLM's proposer: the pass writes the drafter's cache
-        write_deferred(proposer, cad)  # the held writes first: they are older
+        table = cad.block_table_tensor[: cad.num_reqs]
+        older = held.make_room(table, proposer.block_size)
+        if older is None and holdable and held.hold(features, positions, slots):
+            return  # finished requests' rows dropped from a full store: the live ones stay held
+        if older is None:  # room made, yet not enough: the writes still held go first (they are older)
+            older = held.take(table, proposer.block_size)
+        if older is not None:
+            write_context(proposer, *older)
         if not (holdable and held.hold(features, positions, slots)):  # a large step to copy, or larger than the store
             write_context(proposer, features, positions, slots)
 

@@ -162,7 +162,8 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "store, first writes every held context in one pass (fc, hidden_norm, per-layer K/V), each "
             "slot with its last write, then vLLM's own propose runs. With the copying store (GPU) a plain "
             "step of 128 tokens or more writes at once, after what is held; the store by reference (CPU) "
-            "holds every step, and a finished request's held rows are never written. On CPU the pass pads "
+            "holds every step, and a finished request's held rows are never written (a full store that is at "
+            "most half live drops them and keeps the rest held, with no pass). On CPU the pass pads "
             "its rows to a power of two up to 4,096 rows, to one of eight sizes per power of two beyond "
             "(oneDNN builds a GEMM kernel per new row count).",
         remove_when="vLLM's DFlash proposer skips the drafter when no tokens are drafted.",

@@ -27,7 +27,7 @@ import torch
 
 DEFAULT_MAX_BYTES = 64 << 20  # feature bytes held at most, on the device
 HOST_MAX_BYTES = 256 << 20  # feature bytes the store by reference holds at most, in host memory
-COMPACT_AT_MOST = 0.5  # share of a full store by reference that its kept rows may fill to stay held (``compact``)
+COMPACT_AT_MOST = 0.5  # share of a full store by reference that its kept rows may fill to stay held (``make_room``)
 
 
 PADDING_SLOT = -1  # vLLM's padding slot: its cache-write kernels skip it (CUDA's and CPU's alike)
@@ -190,10 +190,12 @@ class DeferredContext:
         self.clear()
         return features, positions, live_last_writes(slots, block_table, block_size)
 
-    def compact(self, block_table: torch.Tensor, block_size: int) -> bool:
-        """Make room without a context pass (``DeferredContextByReference.compact``): not here, where counting the
-        writes to keep would wait for the device."""
-        return False
+    def make_room(self, block_table: torch.Tensor, block_size: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Room for more holds: the held writes to make now (``take``), or None where the store made room without
+        them (``DeferredContextByReference.make_room``; not here, where counting the writes to keep would wait
+        for the device)."""
+        return self.take(block_table, block_size)
 
     def clear(self) -> None:
         self.steps = self.tokens = 0
@@ -214,7 +216,7 @@ class DeferredContextByReference(DeferredContext):
     passes (the prompts' and each full store's) averaged 1.0 ms of a 15 ms plain step. A take
     concatenates only the steps with a write to keep, and joins the target layers' rows after removing
     the others: a full store at batch 64 (32,768 rows, half of them finished requests') took 31 ms
-    when every step was concatenated and the dropped rows removed after. A full store first tries ``compact``:
+    when every step was concatenated and the dropped rows removed after. A full store makes room (``make_room``):
     where at most half of its rows are live, it keeps those and drops the rest, with no pass."""
 
     holds_large_steps = True
@@ -242,33 +244,31 @@ class DeferredContextByReference(DeferredContext):
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         kept = self._kept(block_table, block_size) if self.tokens else None
         self.clear()
-        if kept is None:
-            return None
-        held, rows, positions, slots = kept
-        layers = self._joined(held, rows)
-        return (layers[0] if len(layers) == 1 else torch.cat(layers, dim=-1)), positions, slots
+        return None if kept is None else self._batch(*kept)
 
-    def compact(self, block_table: torch.Tensor, block_size: int) -> bool:
-        """Make room without a context pass: drop the writes a take would drop and hold on to the others, if they fill
-        at most half the store (``COMPACT_AT_MOST``); otherwise change nothing and return False. Where requests finish
+    def make_room(self, block_table: torch.Tensor, block_size: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Drop the writes a take would drop and keep the others held, if they fill at most half the store
+        (``COMPACT_AT_MOST``; None: room made without a pass); otherwise take them all. Where requests finish
         before anything drafts (a regime that runs plain), their rows then never cost a pass: at batch 64 on the
         always-wrong pair (2-core CPU) a full store's take wrote 28-50 ms of live rows about once a pass of 192
         tokens, 1.7% of the time. Steps whose rows are all kept stay as they are (a batch that finishes together
         leaves whole steps); where some steps keep only part of theirs, the kept rows are copied into one step."""
         kept = self._kept(block_table, block_size) if self.tokens else None
-        if kept is not None and kept[2].numel() > self._rows * COMPACT_AT_MOST:
-            return False
         self.clear()
-        if kept is not None:
-            held, rows, positions, slots = kept
-            if rows is not None:  # some steps keep part of their rows: those rows, copied into one step
-                held = [tuple(self._joined(held, rows))]
-            self._held, self._positions, self._slots = held, positions.tolist(), slots.tolist()
-            for parts in held:
-                self.tokens += parts[0].shape[0]
-                self._ends.append(self.tokens)
-            self.steps = len(held)
-        return True
+        if kept is None:
+            return None
+        held, rows, positions, slots = kept
+        if positions.numel() > self._rows * COMPACT_AT_MOST:
+            return self._batch(*kept)
+        if rows is not None:  # some steps keep part of their rows: those rows, copied into one step
+            held = [tuple(self._joined(held, rows))]
+        self._held, self._positions, self._slots = held, positions.tolist(), slots.tolist()
+        for parts in held:
+            self.tokens += parts[0].shape[0]
+            self._ends.append(self.tokens)
+        self.steps = len(held)
+        return None
 
     def _kept(self, block_table: torch.Tensor, block_size: int):
         """The held writes to keep (``writes_to_keep``): the held steps that have one, the kept rows in those steps'
@@ -297,6 +297,10 @@ class DeferredContextByReference(DeferredContext):
                 rows = None if kept + int(dropped_through[-1]) == keep.numel() else (
                     rows - (dropped_through - dropped)[torch.searchsorted(ends, rows, right=True)])
         return held, rows, positions, slots
+
+    def _batch(self, held, rows, positions, slots) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        layers = self._joined(held, rows)
+        return (layers[0] if len(layers) == 1 else torch.cat(layers, dim=-1)), positions, slots
 
     @staticmethod
     def _joined(held, rows) -> list[torch.Tensor]:
