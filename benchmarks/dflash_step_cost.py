@@ -4,8 +4,8 @@
 
 Each process builds four engines on one pair: two without speculation (``none``, ``none2``) and two
 with gated DFlash (``gated``, ``gated2``), times every engine step (``LLMEngine.step``) and runs
-``--rounds`` rounds of ``--tokens``-token passes per concurrency, every engine once a round, the order
-rotating. Two ratios per process, none over gated (1.0: the gated engine costs nothing extra):
+``--rounds`` rounds of ``--tokens``-token passes per concurrency, every engine once a round, in balanced
+orders (``round_orders``). Two ratios per process, none over gated (1.0: the gated engine costs nothing extra):
 
 * ``plain step``: the engines' median step times, the two of a kind summed. The gate runs almost every
   step plain on these pairs, so this is a plain step's fixed cost in a speculating engine, with the
@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.dflash_throughput import build, pairs, prompts_for, run_pass
+from benchmarks.dflash_throughput import build, pairs, prompts_for, round_orders, run_pass
 
 ENGINES = ("none", "gated", "none2", "gated2")
 
@@ -58,8 +58,8 @@ def measure(pair: str, concurrency: list[int], rounds: int, tokens: int) -> list
             run_pass(llm, prompts, tokens // 2)  # warm-up: the gate calibrates here
         for times in steps.values():
             times.clear()
-        for r in range(rounds):
-            for name in ENGINES[r % 4:] + ENGINES[:r % 4]:
+        for order in round_orders(ENGINES, rounds):  # each engine in each place, and after each other one
+            for name in order:
                 run_pass(engines[name], prompts, tokens)
         median = {name: statistics.median(steps[name]) for name in ENGINES}
         total = {name: sum(steps[name]) for name in ENGINES}

@@ -22,7 +22,10 @@ builds each pair's engines N times, each set in a child process of its own, and 
 cell: that averages the bias of one set of engines, which more rounds of the same set cannot. At each
 concurrency (requests submitted together) every engine runs a warm-up pass (the gate calibrates there),
 then the engines take turns for ``--repeats`` measured passes each, so a drift of the machine's speed
-reaches them all alike. The order rotates from round to round, so no engine always follows the same one.
+reaches them all alike. Round orders form a balanced Latin square (``round_orders``): each engine runs in each place of
+a round, and after each other engine, equally often over ``len(modes)`` rounds (twice as many for an odd count). A
+rotating order kept every engine behind the same one: the gated engine ran right after ``fixed`` in every round,
+whose verify steps at 64 requests leave the host slower for the next pass (session 37, ``docs/benchmarks.md``).
 Throughput is generated tokens / wall seconds; a cell is the median of its passes (all of them are in
 the JSON). A ratio is the median over rounds of the two engines' ratio within a round:
 this machine's speed changes by up to 2x for seconds at a time (other tenants of the host; CPU time
@@ -90,6 +93,24 @@ def build(target, drafter, method, mode: str, max_seqs: int):
     return LLM(model=str(target), speculative_config=spec, enforce_eager=True, max_model_len=1024, dtype="bfloat16",
                seed=0, enable_prefix_caching=False, max_num_seqs=max_seqs, disable_log_stats=False,
                additional_config={"luce": {"dflash": {"gate": mode in ("gated", "gated2")}}})
+
+
+def round_orders(names, rounds: int) -> list[list]:
+    """``rounds`` orders of ``names``, from a Williams design (a balanced Latin square), repeated: over its rows each
+    name takes each place once and directly follows each other name once (n rows for an even count of names; for an
+    odd one, n rows and their reverses, where each follows each other twice)."""
+    n = len(names)
+    first, low, high = [0], 1, n - 1
+    while len(first) < n:
+        first.append(low)
+        low += 1
+        if len(first) < n:
+            first.append(high)
+            high -= 1
+    rows = [[(i + shift) % n for i in first] for shift in range(n)]
+    if n % 2:
+        rows += [row[::-1] for row in rows]
+    return [[names[i] for i in rows[r % len(rows)]] for r in range(rounds)]
 
 
 def run_pass(llm, prompts, tokens: int) -> tuple[float, int]:
@@ -221,8 +242,8 @@ def measure(pair: str, args) -> list[dict]:
         for llm in engines.values():
             run_pass(llm, prompts, args.tokens // 2)  # warm-up (and gate calibration)
         passes = {mode: [] for mode in modes}
-        for r in range(args.repeats):
-            for mode in modes[r % len(modes):] + modes[:r % len(modes)]:  # each engine in each place of the round
+        for order in round_orders(modes, args.repeats):
+            for mode in order:
                 passes[mode].append(run_measured(engines[mode], prompts, args.tokens))
         for mode, llm in engines.items():
             rates = [generated / wall for wall, generated, _ in passes[mode]]

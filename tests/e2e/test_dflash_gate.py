@@ -93,14 +93,14 @@ def test_trained_pair_unchanged_with_the_default_gate_and_released_state(trained
 
 
 class AlternatingLookup:
-    """K by step: four plain steps, then four drafting ones, repeated (the same in every run)."""
+    """K by step: ``plain`` plain steps (four), then four drafting ones, repeated (the same in every run)."""
 
-    def __init__(self, k: int):
-        self.k, self.calls = k, 0
+    def __init__(self, k: int, plain: int = 4):
+        self.k, self.plain, self.calls = k, plain, 0
 
     def __getitem__(self, batch_size: int) -> int:
         self.calls += 1
-        return self.k if (self.calls // 4) % 2 else 0
+        return self.k if self.calls % (self.plain + 4) >= self.plain else 0
 
 
 def test_drafts_are_the_same_with_plain_steps_context_held_and_written_each_step(trained_pair):
@@ -151,7 +151,8 @@ def test_requests_admitted_as_others_finish_keep_their_output(trained_pair):
     """96 requests through 32 sequence slots, the gate switching every 4 steps: finished requests' blocks go
     to new ones while plain steps' drafter context is held. On this hybrid target the drafter's KV blocks
     share memory with the Gated DeltaNet state blocks, so a held write for a finished request would land
-    in a new request's recurrent state (before the fix: 3 of 48 greedy outputs changed at tokens 1-3)."""
+    in a new request's recurrent state (before the fix: 3 of 48 greedy outputs changed at tokens 1-3). Then
+    again in two waves with a small store, which makes room by dropping the first wave's rows."""
     from benchmarks import load_test as L
     from vllm import LLM, SamplingParams
 
@@ -166,8 +167,25 @@ def test_requests_admitted_as_others_finish_keep_their_output(trained_pair):
     try:
         sched = scheduler(llm)
         sched.dynamic_sd_lookup = AlternatingLookup(sched.luce_max_spec_tokens)
-        outs = llm.generate(prompts, SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True), use_tqdm=False)
+        params = SamplingParams(max_tokens=40, temperature=0.0, ignore_eos=True)
+        outs = llm.generate(prompts, params, use_tqdm=False)
         assert sched.dynamic_sd_lookup.calls > 40
+        assert assert_same_until_near_tie(expected, margins, [list(o.outputs[0].token_ids) for o in outs]) >= 48
+        # Two waves of 32 in 60 plain steps, with a store 1.6x the first wave's rows: it fills in the second wave,
+        # drops the first wave's rows and keeps the live ones held, without a pass
+        # (DeferredContextByReference.make_room); the drafting steps after it write them. The outputs stay the same.
+        from vllm_luce.spec_decode.deferred_context import DeferredContextByReference
+
+        tokenizer = llm.get_tokenizer()
+        first_wave = sum(len(tokenizer(p).input_ids) for p in prompts[:32]) + 32 * 40
+        runner = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
+        store = runner.drafter._luce_deferred = DeferredContextByReference(max_tokens=first_wave * 8 // 5)
+        rooms, make_room = [], store.make_room
+        store.make_room = lambda *args: rooms.append(make_room(*args)) or rooms[-1]
+        sched.dynamic_sd_lookup = AlternatingLookup(sched.luce_max_spec_tokens, plain=60)
+        outs = [o for wave in (prompts[:32], prompts[32:]) for o in llm.generate(wave, params, use_tqdm=False)]
+        assert None in rooms, [r if r is None else len(r[2]) for r in rooms]  # room made, nothing written
+        assert sched.dynamic_sd_lookup.calls > 60  # and drafting steps after it
         assert assert_same_until_near_tie(expected, margins, [list(o.outputs[0].token_ids) for o in outs]) >= 48
     finally:
         del llm
