@@ -24,8 +24,8 @@ concurrency (requests submitted together) every engine runs a warm-up pass (the 
 then the engines take turns for ``--repeats`` measured passes each, so a drift of the machine's speed
 reaches them all alike. Round orders form a balanced Latin square (``round_orders``): each engine runs in each place of
 a round, and after each other engine, equally often over ``len(modes)`` rounds (twice as many for an odd count). A
-rotating order kept every engine behind the same one: the gated engine ran right after ``fixed`` in every round,
-whose verify steps at 64 requests leave the host slower for the next pass (session 37, ``docs/benchmarks.md``).
+rotating order kept every engine behind the same one (the gated engine right after ``fixed`` in every round), so
+whatever one pass leaves behind on the host fell on the same engine each round.
 Throughput is generated tokens / wall seconds; a cell is the median of its passes (all of them are in
 the JSON). A ratio is the median over rounds of the two engines' ratio within a round:
 this machine's speed changes by up to 2x for seconds at a time (other tenants of the host; CPU time
