@@ -83,13 +83,12 @@ def hold_context(proposer, target_positions, target_hidden_states, cad) -> None:
     if holdable and held.hold(features, positions, slots):
         return
     with torch.inference_mode():  # as vLLM's proposer: the pass writes the drafter's cache
-        table = cad.block_table_tensor[: cad.num_reqs]
-        older = held.make_room(table, proposer.block_size)
+        older = held.make_room(cad.block_table_tensor[: cad.num_reqs], proposer.block_size)
         if older is None and holdable and held.hold(features, positions, slots):
             return  # finished requests' rows dropped from a full store: the live ones stay held
         if older is None:  # room made, yet not enough: the writes still held go first (they are older)
-            older = held.take(table, proposer.block_size)
-        if older is not None:
+            write_deferred(proposer, cad)
+        else:
             write_context(proposer, *older)
         if not (holdable and held.hold(features, positions, slots)):  # a large step to copy, or larger than the store
             write_context(proposer, features, positions, slots)
