@@ -32,16 +32,12 @@ def engine_sets(paths: list[Path], pairs: list[str] | None = None) -> list[dict]
     rows, sets = [], 0
     for path in paths:
         data = json.loads(Path(path).read_text())
-        found = [r for r in data["instance_rows" if "instance_rows" in data else "rows"] if pairs is None or r["pair"] in pairs]
-        by_set: dict[tuple, list[dict]] = {}
-        for row in found:
-            by_set.setdefault((row["pair"], row.get("instance", 0)), []).append(row)
-        numbered: dict[int, int] = {}  # the file's instance -> its set number (one set spans the file's pairs)
-        for (_, instance), set_rows in by_set.items():
-            if instance not in numbered:
-                numbered[instance] = sets
-                sets += 1
-            rows += [{**row, "instance": numbered[instance]} for row in set_rows]
+        numbered: dict[int, int] = {}  # the file's instance -> its set number (one number across the file's pairs)
+        for row in data["instance_rows" if "instance_rows" in data else "rows"]:
+            if pairs is None or row["pair"] in pairs:
+                number = numbered.setdefault(row.get("instance", 0), sets + len(numbered))
+                rows.append({**row, "instance": number})
+        sets += len(numbered)
     return rows
 
 
