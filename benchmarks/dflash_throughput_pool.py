@@ -19,10 +19,9 @@ import json
 import random
 from pathlib import Path
 
-from benchmarks.dflash_throughput import paired, pair_over_pair, pool_instances, summarize
+from benchmarks.dflash_throughput import (GOAL_VS_FIXED, GOAL_VS_NONE, paired, pair_over_pair, pool_instances,
+                                         summarize)
 
-GOAL_VS_NONE = 0.95
-GOAL_VS_FIXED = 0.9
 RESAMPLES = 1000
 
 
