@@ -10,8 +10,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("version, supported", [
-    ("0.32.0+cpu", True), ("0.32.3", True), ("0.33.0", True), ("0.33.1rc2.dev5+g1234", True),
-    ("0.31.9", False), ("0.34.0", False), ("1.0.0", False),
+    ("0.26.0", True), ("0.26.1", True), ("0.32.0+cpu", True), ("0.32.3", True), ("0.33.0", True),
+    ("0.33.1rc2.dev5+g1234", True), ("0.25.1", False), ("0.27.0", False), ("0.31.9", False), ("0.34.0", False),
+    ("1.0.0", False),
 ])
 def test_supported_range(version, supported):
     assert compat.is_supported(version) is supported
@@ -33,4 +34,10 @@ def test_pyproject_extra_and_readme_agree_with_the_supported_range():
     assert not any(dep.startswith("vllm") for dep in pyproject["project"]["dependencies"])
     readme = (ROOT / "README.md").read_text()
     rows = re.findall(r"^\| 0\.1\.\d+ \| (.+?) \|", readme, flags=re.M)
-    assert rows and all("0.32" in row and "0.33" in row for row in rows), rows
+    assert rows and all(all(s in row for s in compat.SUPPORTED_SERIES) for row in rows), rows
+
+
+@pytest.mark.parametrize("version, series", [("0.26.0", "0.26"), ("0.29.1", "0.26"), ("0.32.0+cpu", "0.32"),
+                                             ("0.40.0", "0.33"), ("0.20.0", "0.26")])
+def test_signature_series_of_a_version(version, series):
+    assert compat.signature_series(version) == series

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import re
 
-# Half-open range [MIN, MAX): 0.32.x and 0.33.x. Keep in sync with pyproject's `vllm` extra
-# and the README's compatibility table (tests/test_compat.py checks all three agree).
-MIN_VLLM = (0, 32)
-MAX_VLLM = (0, 34)
+# The release series vllm-luce supports: 0.26 (the newest on torch 2.11, run on the lent GPUs),
+# 0.32 (the CPU build CI runs) and 0.33. Keep in sync with pyproject's `vllm` extra and the README's
+# compatibility table (tests/test_compat.py checks all three agree). The patch ledger records each
+# target's signature per series; tests/patches/vllm_signatures/ holds a snapshot of each release.
+SUPPORTED_SERIES = ("0.26", "0.32", "0.33")
+SNAPSHOT_RELEASES = ("0.26.0", "0.32.0", "0.33.0")
 SKIP_ENV = "VLLM_LUCE_SKIP_VERSION_CHECK"
 
 
@@ -31,12 +33,31 @@ def parse_version(version: str) -> tuple[int, int, int]:
     return int(major), int(minor), int(patch or 0)
 
 
+def series(version: str) -> str:
+    """'0.26.0' -> '0.26'."""
+    major, minor, _ = parse_version(version)
+    return f"{major}.{minor}"
+
+
 def is_supported(version: str) -> bool:
-    return MIN_VLLM <= parse_version(version)[:2] < MAX_VLLM
+    return series(version) in SUPPORTED_SERIES
+
+
+def signature_series(version: str) -> str:
+    """The supported series whose ledger signatures apply to ``version``: its own, or for an unsupported
+    vLLM run with the override, the newest supported series not newer than it (else the oldest)."""
+    if is_supported(version):
+        return series(version)
+    older = [s for s in SUPPORTED_SERIES if parse_version(s) <= parse_version(version)]
+    return max(older, key=parse_version) if older else SUPPORTED_SERIES[0]
 
 
 def supported_range() -> str:
-    return f">={MIN_VLLM[0]}.{MIN_VLLM[1]},<{MAX_VLLM[0]}.{MAX_VLLM[1]}"
+    """The pip specifier of the supported series."""
+    lowest, highest = parse_version(SUPPORTED_SERIES[0]), parse_version(SUPPORTED_SERIES[-1])
+    gaps = [f"!={lowest[0]}.{m}.*" for m in range(lowest[1] + 1, highest[1])
+            if f"{lowest[0]}.{m}" not in SUPPORTED_SERIES]
+    return ",".join([f">={SUPPORTED_SERIES[0]}", f"<{highest[0]}.{highest[1] + 1}", *gaps])
 
 
 def check_vllm_version(version: str, environ: os._Environ | dict | None = None) -> str | None:
@@ -45,7 +66,7 @@ def check_vllm_version(version: str, environ: os._Environ | dict | None = None) 
     if is_supported(version):
         return None
     message = (
-        f"vllm-luce supports vLLM {supported_range()}, but vLLM {version} is installed. "
+        f"vllm-luce supports vLLM {', '.join(s + '.x' for s in SUPPORTED_SERIES)}, but vLLM {version} is installed. "
         f"Install a supported vLLM (pip install 'vllm-luce[vllm]') or set {SKIP_ENV}=1 "
         "to run anyway at your own risk."
     )

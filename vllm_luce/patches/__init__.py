@@ -9,10 +9,10 @@ be removed.
 
 from __future__ import annotations
 
-import inspect
 import sys
 from typing import Callable
 
+from vllm_luce.patches import signatures
 from vllm_luce.patches.ledger import LEDGER, LedgerEntry  # noqa: F401  (the table lives in ledger.py)
 
 
@@ -20,9 +20,19 @@ class PatchTargetChanged(RuntimeError):
     pass
 
 
-def ledger_signature(target: str) -> str:
-    """The signature the ledger records for ``module:Owner.name``."""
-    return next(e.signature for e in LEDGER if e.target == target)
+def installed_series() -> str:
+    import vllm
+
+    from vllm_luce.compat import signature_series
+
+    return signature_series(vllm.__version__)
+
+
+def ledger_signature(target: str, series: str | None = None) -> str | None:
+    """The signature the ledger records for ``module:Owner.name`` in a vLLM series (the installed one by
+    default); None where vllm-luce leaves that target alone in the series."""
+    entry = next(e for e in LEDGER if e.target == target)
+    return entry.signature_in(series or installed_series())
 
 
 def wrap_method(owner: type, name: str, expected_signature: str,
@@ -38,7 +48,7 @@ def wrap_method(owner: type, name: str, expected_signature: str,
                                  "this vLLM is not supported by vllm-luce")
     if getattr(original, "__luce_patched__", False) and (not inherited or name in owner.__dict__):
         return False
-    actual = str(inspect.signature(original))
+    actual = signatures.of_function(original)
     if actual != expected_signature:
         raise PatchTargetChanged(
             f"{owner.__module__}.{owner.__qualname__}.{name} has signature {actual}; vllm-luce expects "
@@ -112,6 +122,13 @@ def apply_pflash_patches() -> None:
     from vllm_luce.patches import async_llm, chat_completion_request, llm_engine
 
     for module in (async_llm, llm_engine, chat_completion_request):
+        _apply_when_imported(module)
+
+
+def _apply_when_imported(module) -> None:
+    """Apply a patch module once its target's module is imported, unless the ledger says vllm-luce leaves
+    that target alone in the installed vLLM series."""
+    if ledger_signature(module.TARGET) is not None:
         when_imported(module.TARGET.split(":")[0], module.apply)
 
 
@@ -130,4 +147,4 @@ def apply_patches() -> None:
                    gpu_v2_model_runner_kv_cache, dflash_proposer, gpu_model_runner_propose, gpu_model_runner_inputs,
                    gpu_model_runner_preprocess, gpu_model_runner_sample, rejection_sampler, kv_cache_coordinator,
                    engine_core_post_step):
-        when_imported(module.TARGET.split(":")[0], module.apply)
+        _apply_when_imported(module)

