@@ -172,7 +172,8 @@ TARGET_TEXT = json.loads((trained_model("qwen36-target") / "config.json").read_t
 
 
 def _spec(model: str):
-    return SimpleNamespace(speculative_config=None, spec_model=model, spec_method=None, spec_tokens=None)
+    return SimpleNamespace(speculative_config=None, spec_model=model, spec_method=None, spec_tokens=None,
+                           max_num_seqs=64)  # set by the user: the draft-slot fit leaves it
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -24,7 +25,8 @@ def free_port() -> int:
 
 def vllm_command() -> list[str]:
     """The `vllm` console script next to this Python (the CLI users type)."""
-    return [str(Path(sys.executable).with_name("vllm")), "serve"]
+    beside = Path(sys.executable).with_name("vllm")
+    return [str(beside) if beside.exists() else shutil.which("vllm") or "vllm", "serve"]
 
 
 class Server:
@@ -36,12 +38,12 @@ class Server:
         self.args = [*vllm_command(), str(model), "--host", "127.0.0.1", "--port", str(self.port),
                      "--served-model-name", served_name, "--max-model-len", "512", "--enforce-eager",
                      *extra_args]
+        self.env = dict(os.environ, **SERVE_ENV)
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 240) -> "Server":
-        env = dict(os.environ, **SERVE_ENV)
         self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=env,
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=self.env,
                                      start_new_session=True)
         deadline = time.time() + timeout
         while time.time() < deadline:

@@ -123,7 +123,8 @@ def test_nested_rope_parameters_of_gemma4_are_read():
 
 
 def engine_args(**kw):
-    base = dict(speculative_config=None, spec_model=None, spec_method=None, spec_tokens=None)
+    base = dict(speculative_config=None, spec_model=None, spec_method=None, spec_tokens=None,
+                max_num_seqs=64)  # the user's: the draft-slot fit (tested below) leaves it
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -154,3 +155,31 @@ def test_a_drafter_path_is_checked_against_the_target(target, tmp_path):
     drafter = make_drafter(tmp_path / "wrong", vocab_size=151936)
     with pytest.raises(R.DrafterMismatch, match="vocab_size: drafter 151936 vs target 4096"):
         apply_dflash_defaults(engine_args(spec_model=str(drafter)), str(target), TARGET_TEXT)
+
+
+class _Args:
+    """What fit_draft_slots reads of EngineArgs, with H100-class defaults."""
+    tensor_parallel_size = pipeline_parallel_size = 1
+
+    def __init__(self, max_num_seqs=None, max_num_batched_tokens=None, batch_defaults=None):
+        self.max_num_seqs, self.max_num_batched_tokens = max_num_seqs, max_num_batched_tokens
+        self._defaults = batch_defaults or ({"llm": 16384, "serve": 8192}, {"llm": 1024, "serve": 1024})
+
+    def get_batch_defaults(self, world_size):
+        return self._defaults
+
+
+@pytest.mark.parametrize("args, k, fitted", [
+    (_Args(), 15, (256, 14)),  # vllm serve's 8192 - 14 x 1024 < 0: 256 requests, slots half the budget
+    (_Args(max_num_batched_tokens=32768), 15, None),  # 32768 - 14 x 1024 > 0 everywhere
+    (_Args(max_num_seqs=1024), 15, None),  # the user's choice stays (vLLM's own check then speaks)
+    (_Args(), 1, None),  # one token: no parallel slots
+    (_Args(batch_defaults=({"llm": 4096, "serve": 2048}, {"llm": 256, "serve": 128})), 15, None),  # CPU: fits
+    (_Args(batch_defaults=({"llm": 8192, "serve": 2048}, {"llm": 256, "serve": 256})), 15, (64, 14)),  # smaller GPUs
+])
+def test_dflash_fits_its_draft_slots_in_the_step_budget(args, k, fitted):
+    from vllm_luce.patches.engine_args import fit_draft_slots
+
+    assert fit_draft_slots(args, k) == fitted
+    if fitted:
+        assert args.max_num_seqs == fitted[0]

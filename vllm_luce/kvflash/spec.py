@@ -68,30 +68,30 @@ class KVFlashManager(FullAttentionManager):
         pool_blocks = self.kv_cache_spec.pool_blocks
         return num_tokens if pool_blocks is None else min(num_tokens, pool_blocks * self.block_size)
 
+    # The overrides pass vLLM's trailing parameters through untouched: they differ between the supported
+    # series (0.26 lacks prefill_end, record_for_zeroing and replay_boundaries).
     def get_num_blocks_to_allocate(self, request_id, num_tokens, new_computed_blocks, total_computed_tokens,
-                                   num_local_computed_tokens, num_tokens_main_model, apply_admission_cap=False,
-                                   prefill_end=0) -> int:
+                                   num_local_computed_tokens, num_tokens_main_model, *args, **kwargs) -> int:
         return super().get_num_blocks_to_allocate(
             request_id, self._cap(num_tokens), new_computed_blocks, total_computed_tokens, num_local_computed_tokens,
-            self._cap(num_tokens_main_model), apply_admission_cap, prefill_end)
+            self._cap(num_tokens_main_model), *args, **kwargs)
 
     def allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model):
         return super().allocate_new_blocks(request_id, self._cap(num_tokens), self._cap(num_tokens_main_model))
 
     def allocate_external_computed_blocks(self, request_id, num_local_computed_tokens,
-                                          num_external_computed_tokens, record_for_zeroing=True) -> None:
+                                          num_external_computed_tokens, *args, **kwargs) -> None:
         if num_external_computed_tokens:
             raise NotImplementedError("KVFlash does not take KV from a KV connector")
 
     @classmethod
-    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, block_pool, kv_cache_spec,
-                               drop_eagle_block, alignment_tokens, dcp_world_size=1, pcp_world_size=1):
+    def find_longest_cache_hit(cls, block_hashes, max_length, kv_cache_group_ids, *args, **kwargs):
         return tuple([] for _ in kv_cache_group_ids), 0
 
-    def cache_blocks(self, request, num_tokens, retention_interval=None, *, replay_boundaries) -> None:
+    def cache_blocks(self, request, num_tokens, *args, **kwargs) -> None:
         return
 
-    def remove_skipped_blocks(self, request_id, processed_computed_tokens, num_prompt_tokens=None) -> None:
+    def remove_skipped_blocks(self, request_id, processed_computed_tokens, *args, **kwargs) -> None:
         return
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:

@@ -94,7 +94,31 @@ def apply_dflash_defaults(engine_args, target: str, target_text_config: dict) ->
         R.check_drafter_weights(resolved.path, "--speculative-model" if from_flag else "--speculative-config model")
     if not from_flag:
         engine_args.speculative_config = spec
+    fitted = fit_draft_slots(engine_args, engine_args.spec_tokens if from_flag else spec.get("num_speculative_tokens"))
+    if fitted is not None:
+        logger.info("%s: DFlash reserves %s draft slots per running request in each step's token budget; vLLM's "
+                    "default --max-num-seqs leaves no room for them here, so it is %d (set --max-num-seqs or "
+                    "--max-num-batched-tokens to choose)", tag(), fitted[1], fitted[0])
     return resolved
+
+
+def fit_draft_slots(engine_args, num_speculative_tokens: int | None) -> tuple[int, int] | None:
+    """DFlash drafts a block in parallel: vLLM reserves ``K - 1`` token slots per running request inside the
+    step's token budget and stops startup when ``max_num_batched_tokens - (K - 1) * max_num_seqs`` is not
+    positive, as vLLM's serve defaults on H100/H200 (8192 tokens, 1024 requests) are at K = 15. Where the
+    user left --max-num-seqs unset and vLLM's defaults would not fit, it becomes the largest power of two
+    whose slots take at most half of the budget. Returns (max_num_seqs, slots per request) when it sets it."""
+    if engine_args.max_num_seqs is not None or not num_speculative_tokens or num_speculative_tokens < 2:
+        return None
+    slots = num_speculative_tokens - 1
+    world = engine_args.tensor_parallel_size * engine_args.pipeline_parallel_size
+    batched_defaults, seqs_defaults = engine_args.get_batch_defaults(world)
+    budgets = {context: engine_args.max_num_batched_tokens or batched for context, batched in batched_defaults.items()}
+    short = [budgets[c] for c, seqs in seqs_defaults.items() if c in budgets and budgets[c] - slots * seqs <= 0]
+    if not short:  # the defaults fit in every usage context (offline LLM, vllm serve)
+        return None
+    engine_args.max_num_seqs = 1 << max(0, (min(short) // (2 * slots)).bit_length() - 1)
+    return engine_args.max_num_seqs, slots
 
 
 def _make_create_speculative_config(original):

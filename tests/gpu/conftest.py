@@ -1,0 +1,114 @@
+"""The GPU tier: every feature through real vLLM on a CUDA GPU with vLLM's GPU defaults (CUDA graphs,
+asynchronous scheduling where vLLM turns it on, the model runner vLLM picks). Skipped without CUDA, so
+never run by CI; `docs/gpu.md` says how to run it on the lent GPU and holds its latest results.
+
+Each engine runs in a subprocess (``tests/gpu/engine.py`` or ``vllm serve``) so that plugin registration,
+VLLM_PLUGINS and VLLM_USE_V2_MODEL_RUNNER apply per engine. Engines take a small share of the GPU each,
+so pytest-xdist can run several at once: each gets a fixed KV cache (``kv_cache_memory_bytes``, which
+skips vLLM's free-memory profiling that other engines would upset); everything else is vLLM's default. ``LUCE_GPU_TP`` (default 1) sets the tensor parallel size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TP = int(os.environ.get("LUCE_GPU_TP", "1"))
+# Each engine gets a fixed KV cache: engines that share the card cannot profile its free memory.
+KV_CACHE_BYTES = int(float(os.environ.get("LUCE_GPU_KV_GIB", "4")) * 2**30)
+CPU_ONLY = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND")
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def pytest_collection_modifyitems(config, items):
+    if _has_cuda():
+        return
+    skip = pytest.mark.skip(reason="GPU tier: needs CUDA (docs/gpu.md)")
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
+            item.add_marker(skip)
+
+
+def gpu_env(plugins: bool = True, **overrides: str) -> dict:
+    """The environment of a GPU engine: the caller's, less the CPU tier's settings; ``plugins=False``
+    starts vLLM without vllm-luce (VLLM_PLUGINS empty)."""
+    env = {k: v for k, v in os.environ.items() if k not in CPU_ONLY}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    devices = int(os.environ.get("LUCE_GPU_DEVICES", "1"))
+    if TP == 1 and devices > 1:  # single-GPU engines spread over the machine's cards by pytest worker
+        env["CUDA_VISIBLE_DEVICES"] = str(int(worker[2:]) % devices)
+    env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # LLM.apply_model sends a function to the workers
+    if not plugins:
+        env["VLLM_PLUGINS"] = ""
+    env.update(overrides)
+    return env
+
+
+def llm_args(**extra) -> dict:
+    return {"kv_cache_memory_bytes": KV_CACHE_BYTES, "tensor_parallel_size": TP, "seed": 0, **extra}
+
+
+RUNNERS = {"v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"}}
+
+
+def run_engine(spec: dict, workdir: Path, *, plugins: bool = True, timeout: float = 900, **env) -> dict:
+    """Run ``tests/gpu/engine.py`` on ``spec``; the engine's report, or a failure with its log's tail."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    name = f"engine-{len(list(workdir.glob('engine-*.json')))}"
+    spec_path, out_path, log_path = (workdir / f"{name}{s}" for s in (".json", ".out.json", ".log"))
+    spec_path.write_text(json.dumps(spec))
+    with open(log_path, "w") as log:
+        proc = subprocess.run([sys.executable, "-m", "tests.gpu.engine", str(spec_path), str(out_path)], cwd=ROOT,
+                              env=gpu_env(plugins, **env), stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+    _keep_log(log_path)
+    assert proc.returncode == 0, f"engine exited {proc.returncode}:\n" + log_path.read_text(errors="replace")[-6000:]
+    return json.loads(out_path.read_text())
+
+
+def run_alone_or_skip(spec: dict, workdir: Path, runner: str, **env) -> dict:
+    """vLLM alone on ``runner`` ("v1" or "v2"); the test is skipped, naming vLLM's reason, where vLLM itself
+    does not run this model or feature on that runner."""
+    try:
+        return run_engine(spec, workdir, plugins=False, **RUNNERS[runner], **env)
+    except AssertionError as failure:
+        lines = [line for line in str(failure).splitlines() if "Error" in line or "not support" in line]
+        pytest.skip(f"vLLM 0.26 alone does not run this on {runner}: {(lines or ['?'])[-1].strip()[:300]}")
+
+
+def _keep_log(path: Path) -> None:
+    """Copy an engine's log under $LUCE_GPU_LOGS (the run's results), named after the test."""
+    logs = os.environ.get("LUCE_GPU_LOGS")
+    if logs:
+        test = os.environ.get("PYTEST_CURRENT_TEST", "unknown").split(" ")[0].replace("/", "_").replace("::", "-")
+        Path(logs).mkdir(parents=True, exist_ok=True)
+        (Path(logs) / f"{test}-{path.name}").write_text(path.read_text(errors="replace"))
+
+
+@pytest.fixture(scope="session")
+def trained_hybrid(fixtures_root) -> Path:
+    """The trained Qwen3.6-architecture target as real Qwen3.6 checkpoints are: Qwen3_5ForConditionalGeneration
+    (vLLM 0.26 serves no text-only Qwen3_5ForCausalLM), with its DFlash drafter as the sibling
+    ``<target>-DFlash`` that ``--speculative-model dflash`` finds."""
+    from tests.fixtures.conditional import as_conditional_generation
+    from tests.fixtures.trained import trained_model
+
+    models = fixtures_root / "gpu-models"
+    target = as_conditional_generation(trained_model("qwen36-target"), models / "qwen36")
+    drafter = models / "qwen36-DFlash"
+    if not drafter.exists():
+        drafter.symlink_to(trained_model("qwen36-dflash"), target_is_directory=True)
+    return target

@@ -1,0 +1,77 @@
+"""One vLLM engine on the GPU, run as a subprocess by the GPU tier: `python -m tests.gpu.engine SPEC OUT`.
+
+SPEC (JSON): {"model": path, "llm": {LLM keyword arguments}, "prompts": [text or token-id lists],
+"max_tokens": n, "predictable": bool (register the test-only drafter class; in-process engines only),
+"rpc": ["kvflash"] (the workers' KVFlash totals), "kvflash_probe": bool (tests/gpu/kvflash_probe.py)}. OUT gets the greedy token ids, the serving
+class, how vLLM ran (model runner, CUDA graphs, async scheduling), vLLM's spec-decode counters and the
+vllm:luce_* metrics. Nothing here sets vLLM's runtime defaults: the spec's `llm` and the caller's
+environment (VLLM_PLUGINS, VLLM_USE_V2_MODEL_RUNNER) decide.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def _facts(llm) -> dict:
+    config = llm.llm_engine.vllm_config
+    compilation = config.compilation_config
+    return {"v2_runner": bool(config.use_v2_model_runner),
+            "cudagraph_mode": str(compilation.cudagraph_mode),
+            "enforce_eager": bool(config.model_config.enforce_eager),
+            "async_scheduling": bool(config.scheduler_config.async_scheduling),
+            "tensor_parallel_size": config.parallel_config.tensor_parallel_size}
+
+
+def _counters(llm) -> dict:
+    found = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith(("vllm:spec_decode_num", "vllm:luce_")) and hasattr(metric, "value"):
+            found[metric.name] = found.get(metric.name, 0) + metric.value
+    return found
+
+
+def run(spec: dict) -> dict:
+    from vllm import LLM, SamplingParams
+
+    if spec.get("predictable"):
+        from tests.fixtures.predictable import register_predictable_drafter
+
+        register_predictable_drafter()
+    llm = LLM(model=spec["model"], disable_log_stats=False, **spec.get("llm", {}))
+    probe = None
+    if spec.get("kvflash_probe"):
+        from tests.gpu import kvflash_probe
+
+        probe = kvflash_probe.install(llm)
+    prompts = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in spec["prompts"]]
+    params = SamplingParams(max_tokens=spec.get("max_tokens", 24), temperature=0.0, ignore_eos=True)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    result = {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "texts": [o.outputs[0].text for o in outputs],
+              "prompt_tokens": [len(o.prompt_token_ids) for o in outputs],
+              "class": llm.apply_model(lambda model: type(model).__name__)[0],
+              "seconds": seconds, **_facts(llm), "counters": _counters(llm)}
+    if "kvflash" in spec.get("rpc", ()):
+        result["kvflash"] = llm.collective_rpc(_kvflash_report)
+    if probe is not None:
+        result["kvflash_probe"] = probe
+    return result
+
+
+def _kvflash_report(worker) -> dict:
+    runtime = getattr(worker.model_runner, "luce_kvflash", None)
+    if runtime is None:
+        return {"bound": False}
+    return {"bound": True, "host_bytes": runtime.host_bytes(), **runtime.stats()}
+
+
+if __name__ == "__main__":
+    spec_path, out_path = sys.argv[1:]
+    with open(spec_path) as f:
+        outcome = run(json.load(f))
+    with open(out_path, "w") as f:
+        json.dump(outcome, f)

@@ -1,0 +1,88 @@
+"""DFlash on the GPU through vLLM's defaults: the predictable always-right and always-wrong pairs (acceptance
+from vLLM's metrics), the gate's lossless switching, verify width, a GGUF drafter, and the trained hybrid
+pair under `vllm serve --speculative-model dflash` with the openai client."""
+
+import pytest
+
+from tests.fixtures import predictable as P
+from tests.gpu.conftest import RUNNERS, TP, llm_args, run_engine
+
+K = 15
+PROMPT = list(range(100, 110))
+# The predictable drafter class is registered in the test's own process: engines run in-process.
+IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+
+
+@pytest.fixture(scope="module")
+def pair(fixtures_root):
+    target = P.build_target(fixtures_root / "predictable-target")
+    return target, {"right": P.build_drafter(target, fixtures_root / "predictable-right", offset=0),
+                    "wrong": P.build_drafter(target, fixtures_root / "predictable-wrong", offset=P.WRONG_OFFSET)}
+
+
+def expected(requests, tokens, vocab=1024):
+    return [[(PROMPT[-1] + 50 * i + j) % vocab for j in range(1, tokens + 1)] for i in range(requests)]
+
+
+def predictable_run(pair, tmp_path, drafter, runner, *, gate, tokens=64, requests=4, **luce):
+    target, drafters = pair
+    spec = {"model": str(target), "predictable": True, "max_tokens": tokens,
+            "prompts": [[t + 50 * i for t in PROMPT] for i in range(requests)],
+            "llm": llm_args(max_model_len=512, dtype="bfloat16",
+                            speculative_config={"model": str(drafters[drafter]), "method": "dflash"},
+                            additional_config={"luce": {"dflash": {"gate": gate, **luce}}})}
+    out = run_engine(spec, tmp_path, **IN_PROCESS, **RUNNERS[runner])
+    counts = out["counters"]
+    out["stats"] = {k: int(counts.get(f"vllm:spec_decode_{k}", 0))
+                    for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
+    return out
+
+
+pytestmark_tp1 = pytest.mark.skipif(TP != 1, reason="the predictable drafter class registers in-process only")
+
+
+@pytestmark_tp1
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_always_right_pair_accepts_every_draft(pair, tmp_path, runner):
+    out = predictable_run(pair, tmp_path, "right", runner, gate=False)
+    assert out["tokens"] == expected(4, 64)
+    stats = out["stats"]
+    assert stats["num_drafts"] > 0 and stats["num_accepted_tokens"] == stats["num_draft_tokens"], stats
+
+
+@pytestmark_tp1
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_gate_stops_a_drafter_that_never_pays_and_output_is_unchanged(pair, tmp_path, runner):
+    fixed = predictable_run(pair, tmp_path, "wrong", runner, gate=False, tokens=200)
+    gated = predictable_run(pair, tmp_path, "wrong", runner, gate=True, tokens=200)
+    assert fixed["tokens"] == gated["tokens"] == expected(4, 200)
+    assert fixed["stats"]["num_accepted_tokens"] == 0 and fixed["stats"]["num_draft_tokens"] > 0
+    assert gated["stats"]["num_drafts"] < 0.5 * fixed["stats"]["num_drafts"], (fixed["stats"], gated["stats"])
+
+
+@pytestmark_tp1
+def test_verify_width_cuts_unconfident_drafts_v1(pair, tmp_path):
+    out = predictable_run(pair, tmp_path, "right", "v1", gate=False, verify_confidence=0.5, min_verify_tokens=1)
+    assert out["tokens"] == expected(4, 64)
+    assert out["stats"]["num_accepted_tokens"] == out["stats"]["num_draft_tokens"] > 0
+
+
+@pytest.mark.parametrize("gguf", [False, True])
+def test_trained_hybrid_pair_gated_equals_no_speculation(trained_hybrid, tmp_path, gguf):
+    from tests.fixtures.trained import trained_model
+    from vllm_luce.cli import main as cli
+
+    target = trained_hybrid
+    if gguf:  # the GGUF beside a copy of the target link, found by `dflash` as <target>-DFlash.gguf
+        models = tmp_path / "gguf-models"
+        models.mkdir()
+        (models / "qwen36").symlink_to(target, target_is_directory=True)
+        assert cli(["convert-drafter", str(trained_model("qwen36-dflash")), str(models / "qwen36-DFlash.gguf")]) == 0
+        target = models / "qwen36"
+    prompts = ["def fibonacci(n):\n    ", "import json\n\nclass Encoder(json.JSONEncoder):\n", "for i in range("]
+    base = {"model": str(target), "prompts": prompts, "max_tokens": 64}
+    plain = run_engine({**base, "llm": llm_args(max_model_len=1024, dtype="bfloat16")}, tmp_path)
+    gated = run_engine({**base, "llm": llm_args(max_model_len=1024, dtype="bfloat16",
+                                                speculative_config={"model": "dflash"})}, tmp_path)
+    assert gated["counters"].get("vllm:spec_decode_num_drafts", 0) > 0, gated["counters"]
+    assert gated["tokens"] == plain["tokens"]

@@ -1,0 +1,36 @@
+"""Luce executors on the GPU through vLLM's defaults: greedy parity with vLLM alone (VLLM_PLUGINS empty)
+for each family, on each model runner where vLLM alone runs the family."""
+
+import pytest
+
+from tests.gpu.conftest import RUNNERS, llm_args, run_alone_or_skip, run_engine
+
+PROMPTS = ["def fibonacci(n):\n    ", "import json\n\nclass Encoder", "The quick brown fox"]
+# family -> the class that serves it with the plugin
+FAMILIES = {"qwen3": "Qwen3ForCausalLM", "qwen3_6": "LuceQwen3_5ForConditionalGeneration",
+            "gemma4": "LuceGemma4ForCausalLM", "laguna": "LuceLagunaForCausalLM"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tiny_model, fixtures_root):
+    def get(family):
+        if family == "qwen3_6":  # as vLLM 0.26 serves Qwen3.6: the multimodal class
+            from tests.fixtures.conditional import as_conditional_generation
+
+            return as_conditional_generation(tiny_model("qwen3_6"), fixtures_root / "qwen3_6-cg")
+        return tiny_model(family)
+    return get
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_greedy_tokens_match_vllm_alone(family, runner, model_dir, tmp_path):
+    spec = {"model": str(model_dir(family)), "prompts": PROMPTS, "max_tokens": 24,
+            "llm": llm_args(max_model_len=512, dtype="bfloat16")}
+    alone = run_alone_or_skip(spec, tmp_path, runner)
+    luce = run_engine(spec, tmp_path, **RUNNERS[runner])
+    assert luce["class"] == FAMILIES[family] and not alone["class"].startswith("Luce")
+    assert luce["cudagraph_mode"] != "NONE" and not luce["enforce_eager"], luce
+    assert luce["v2_runner"] == alone["v2_runner"] == (runner == "v2")
+    assert luce["async_scheduling"] == alone["async_scheduling"]
+    assert luce["tokens"] == alone["tokens"]

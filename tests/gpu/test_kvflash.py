@@ -1,0 +1,51 @@
+"""KVFlash on the GPU through vLLM's defaults: a pool covering the context gives vLLM's tokens; a prompt 8x
+the pool completes while the scheduler holds at most the pool's blocks; paging is bit-exact in vLLM's
+cache; on the model runner vLLM picks for a dense target (V2) and on V1."""
+
+import random
+
+import pytest
+
+from tests.gpu.conftest import RUNNERS, TP, llm_args, run_engine
+
+POOL = 384  # 6 chunks of 64: the floor (1 sink + 4 recent + 1); 8x the pool fits the tiny models' 4096
+
+
+def prompt(n, seed):
+    rng = random.Random(seed)
+    return [rng.randrange(5, 1000) for _ in range(n)]
+
+
+def spec(model, prompts, pool=None, **extra):
+    luce = {"luce": {"kvflash": {"pool_tokens": pool}}} if pool else {}
+    return {"model": str(model), "prompts": prompts, "max_tokens": 32, "rpc": ["kvflash"],
+            "llm": llm_args(max_model_len=4096, dtype="bfloat16", additional_config=luce), **extra}
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_pool_covering_the_context_gives_vllms_tokens(tiny_model, tmp_path, runner):
+    model, prompts = tiny_model("qwen3"), [prompt(100, 1), prompt(250, 2), prompt(POOL - 40, 3)]
+    off = run_engine(spec(model, prompts), tmp_path, **RUNNERS[runner])
+    on = run_engine(spec(model, prompts, POOL), tmp_path, **RUNNERS[runner])
+    assert all(r["bound"] for r in on["kvflash"]), on["kvflash"]
+    assert on["tokens"] == off["tokens"]
+    assert sum(r["page_outs"] for r in on["kvflash"]) == 0
+
+
+@pytest.mark.skipif(TP != 1, reason="the scheduler probe runs in-process")
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_prompt_8x_the_pool_completes_within_the_pool_and_pages_bit_exact(tiny_model, tmp_path, runner):
+    model = tiny_model("qwen3")
+    out = run_engine(spec(model, [prompt(8 * POOL + 100, 5), prompt(3 * POOL, 6)], POOL, kvflash_probe=True),
+                     tmp_path, VLLM_ENABLE_V1_MULTIPROCESSING="0", **RUNNERS[runner])
+    probe = out["kvflash_probe"]
+    assert [len(t) for t in out["tokens"]] == [32, 32]
+    assert 0 < probe["most_blocks"] <= probe["pool_blocks"], probe
+    stats = out["kvflash"][0]
+    assert stats["page_outs"] >= (8 * POOL - POOL) // 64, stats
+    assert probe["loads_checked"] == probe["loads_exact"], probe
+
+
+def test_hybrid_target_with_kvflash_completes_a_long_prompt(trained_hybrid, tmp_path):
+    out = run_engine(spec(trained_hybrid, [prompt(8 * POOL + 100, 7)], POOL), tmp_path)
+    assert len(out["tokens"][0]) == 32 and all(r["bound"] for r in out["kvflash"]), out["kvflash"]

@@ -1,0 +1,63 @@
+"""`vllm serve` on the GPU with vLLM's defaults and the openai client: `--speculative-model dflash` on the
+trained hybrid pair, then DFlash, KVFlash and PFlash together (a tools request is never compressed)."""
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.server import Server
+from tests.fixtures import needle as N
+from tests.fixtures.trained import heldout_files, trained_model
+from tests.gpu.conftest import KV_CACHE_BYTES, TP, _keep_log, gpu_env
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a key up.",
+                                           "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}}}]
+
+
+class GpuServer(Server):
+    def __init__(self, model: Path, log_path: Path, *extra: str):
+        super().__init__(model, log_path, "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--tensor-parallel-size",
+                         str(TP), *extra)
+        self.args = [a for a in self.args if a != "--enforce-eager"]  # CUDA graphs on, as vLLM defaults
+        self.args[self.args.index("--max-model-len") + 1] = "4096"
+        self.env = gpu_env()
+
+    def stop(self):
+        super().stop()
+        _keep_log(self.log_path)
+
+
+@pytest.fixture(scope="module")
+def cases():
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(trained_model("tokenizer")))
+    return N.make_cases(tok, list(heldout_files()), tokens=2048, depths=(0.2, 0.8), seeds=range(1))
+
+
+def test_all_features_under_vllm_serve(trained_hybrid, tmp_path, cases):
+    from openai import OpenAI
+
+    config = {"luce": {"kvflash": {"pool_tokens": 1024},
+                       "pflash": {"drafter": str(trained_model("scorer")), "keep_ratio": 0.2, "min_prompt_tokens": 512}}}
+    with GpuServer(trained_hybrid, tmp_path / "serve.log", "--speculative-model", "dflash",
+                   "--additional-config", json.dumps(config)) as server:
+        client = OpenAI(base_url=server.base_url, api_key="unused")
+        for case in cases:
+            full = client.completions.create(model="tiny", prompt=case.prompt, max_tokens=8, temperature=0,
+                                             extra_body={"vllm_xargs": {"luce_pflash": "off"}})
+            short = client.completions.create(model="tiny", prompt=case.prompt, max_tokens=8, temperature=0)
+            assert full.usage.prompt_tokens == case.prompt_tokens
+            assert short.usage.prompt_tokens < 0.6 * full.usage.prompt_tokens
+            assert short.choices[0].text.startswith(case.answer), short.choices[0].text
+        tools = client.chat.completions.create(model="tiny", max_tokens=4, temperature=0, tools=TOOLS,
+                                               messages=[{"role": "user", "content": cases[0].prompt}])
+        plain = client.chat.completions.create(model="tiny", max_tokens=4, temperature=0,
+                                               messages=[{"role": "user", "content": cases[0].prompt}])
+        assert tools.usage.prompt_tokens > 1.5 * plain.usage.prompt_tokens  # tools: never compressed
+        metrics = urllib.request.urlopen(server.base_url[:-3] + "/metrics").read().decode()
+        drafts = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts")]
+        assert drafts and float(drafts[0].split()[-1]) > 0, drafts
+        assert "vllm:luce_kvflash_requests" in metrics
