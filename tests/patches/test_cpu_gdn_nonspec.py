@@ -1,33 +1,53 @@
-"""Draft-free decode-only steps of the CPU Gated DeltaNet path in a speculating engine: the plain engine's
-decode (C++ conv where the CPU has bf16 dot products) on the wide buffer's first width - 1 columns must
-give vLLM's own results (its torch conv on that view, on this CPU), leave the other columns alone, keep
-its views until the cache is rebound, and hand steps with prompt rows or drafts to vLLM."""
+"""Draft-free decode-only steps of the CPU Gated DeltaNet path in a speculating engine, on every host kind
+(``test_cpu_isa.force_host``): the plain engine's decode on the wide buffer's first width - 1 columns must give
+a plain causal conv (+ silu) of each row's true history, as vLLM's own non-speculative path does (bit for bit
+where both run the same conv), leave the other columns alone, keep its views until the cache is rebound, and
+hand steps with prompt rows or drafts to vLLM.
+
+Issue 39: on AMX hosts this test once failed (125 of 640 outputs off, up to 0.197) because it handed vLLM's
+path, which there runs the C++ conv on packed weights, an unpacked weight; the product's conv matched the
+reference. vLLM packs the weight at load on such hosts, as ``loaded_conv1d`` does here."""
 
 from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
+
+from tests.patches.test_cpu_isa import BF16_DOT, HOSTS, force_host, loaded_conv1d
 
 G = pytest.importorskip("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention")
 
 from vllm_luce.patches import cpu_gdn_nonspec as P  # noqa: E402
 
 HEADS, HEAD_DIM, WIDTH, K = 2, 64, 4, 15
+CPP, VEC = "_causal_conv1d_update_cpu", "causal_conv1d_update_cpu"  # vLLM's C++ conv and its generic one
 
 
 class Layer(torch.nn.Module):
+    """What the decode reads of a Gated DeltaNet layer, its conv weight loaded as on the host in force; the
+    conv outputs it sees are recorded in ``seen``."""
+
     def __init__(self, g):
         super().__init__()
         dim = 3 * HEADS * HEAD_DIM
-        self.conv1d = SimpleNamespace(weight=torch.randn(dim, 1, WIDTH, generator=g).bfloat16(),
-                                      bias=torch.randn(dim, generator=g).bfloat16())
+        self.weight = torch.randn(dim, WIDTH, generator=g).bfloat16()
+        self.conv1d = loaded_conv1d(self.weight, torch.randn(dim, generator=g).bfloat16())
         self.activation = "silu"
         self.A_log = torch.randn(HEADS, generator=g)
         self.dt_bias = torch.randn(HEADS, generator=g).bfloat16()
+        self.seen = []
 
     def rearrange_mixed_qkv(self, mixed_qkv):
+        self.seen.append(mixed_qkv.clone())
         q, k, v = mixed_qkv.split(HEADS * HEAD_DIM, dim=-1)
         return (t.reshape(1, t.shape[0], HEADS, HEAD_DIM) for t in (q, k, v))
+
+
+def reference(layer, histories, x):
+    """A plain causal depthwise conv + silu, in float64, of each row's last width - 1 inputs and its new one."""
+    seq = torch.cat([histories.double(), x.double()[:, :, None]], dim=-1)  # [n, dim, width]
+    return F.silu((seq * layer.weight.double()).sum(-1) + layer.conv1d.bias.double())
 
 
 def block_table_column(slots):
@@ -48,7 +68,11 @@ def step(slots, n, g):
     return meta, x, a, b
 
 
-def test_decode_matches_vllms_non_speculative_path():
+@pytest.mark.parametrize("kind", HOSTS)
+def test_decode_is_a_plain_causal_conv_of_the_history_as_vllms_non_speculative_path(monkeypatch, kind):
+    calls = force_host(monkeypatch, kind)
+    ours_op = CPP if kind in BF16_DOT else VEC  # the plain engine's decode conv
+    vllms_op = CPP if kind in ("amx", "arm_bf16") else VEC  # vLLM's in a speculating engine
     g = torch.Generator().manual_seed(0)
     layer = Layer(g)
     dim, n_slots = 3 * HEADS * HEAD_DIM, 9
@@ -56,24 +80,40 @@ def test_decode_matches_vllms_non_speculative_path():
     ssm = torch.randn(n_slots, HEADS, HEAD_DIM, HEAD_DIM, generator=g) * 0.1
     ours = (conv.clone(), ssm.clone())
     vllms = (conv.clone(), ssm.clone())
+    history = conv[:, :, : WIDTH - 1].clone()  # each slot's last width - 1 inputs, kept here in plain torch
     original = getattr(G._spec_aware_nonspec, "__wrapped__", G._spec_aware_nonspec)
     for slots in ([3, 7, 1, 5, 8], [3, 7, 1, 5, 8], [7], [3, 7, 1, 5, 8]):  # each reads the history rolled before
         n = len(slots)
         meta, x, a, b = step(slots, n, g)
         out_ours = torch.full((n, HEADS, HEAD_DIM), float("nan")).bfloat16()
         out_vllm = torch.full_like(out_ours, float("nan"))
+        calls.clear()
         P.decode(layer, meta, x, b, a, out_ours, ours[0][:, :, : WIDTH - 1], ours[1])
         # vLLM's own path refuses a one-row strided column (it never decodes there); it gets a dense copy.
         dense_slots = torch.tensor(slots, dtype=torch.int32)
         dense = SimpleNamespace(**{**vars(meta), "non_spec_state_indices_tensor": dense_slots})
         original(layer, dense, x, b, a, out_vllm, vllms[0], vllms[1], WIDTH)
+        assert [name for name, _ in calls] == [ours_op, vllms_op]
+        handed = calls[0][1]  # what the plain engine's conv was given: the history columns, loaded weights
+        assert handed["weight"].data_ptr() == layer.conv1d.weight.data_ptr()
+        assert handed.get("is_weight_packed", False) is hasattr(layer.conv1d, "_cpu_unpacked_conv_weight")
+        states = handed.get("conv_states", handed.get("conv_state"))
+        assert states.shape[-1] == WIDTH - 1 and states.data_ptr() == ours[0].data_ptr()
+        want = reference(layer, history[slots], x)
+        for conv_out in layer.seen:  # ours, then vLLM's: one bf16 rounding from the reference
+            torch.testing.assert_close(conv_out.double(), want, rtol=1e-2, atol=1e-2)
+        layer.seen.clear()
+        history[slots] = torch.cat([history[slots, :, 1:], x[:, :, None]], dim=-1)
         assert torch.isfinite(out_ours.float()).all()
-        # The two convs round their bf16 outputs differently (as a plain engine's C++ conv and vLLM's torch
-        # conv do), which reaches the outputs and states by about one bf16 step.
-        torch.testing.assert_close(out_ours.float(), out_vllm.float(), rtol=2e-2, atol=2e-2)
-        torch.testing.assert_close(ours[1], vllms[1], rtol=2e-2, atol=2e-2)
-        assert torch.equal(ours[0][:, :, : WIDTH - 1], vllms[0][:, :, : WIDTH - 1])  # the history, exactly
+        if ours_op == vllms_op:
+            assert torch.equal(out_ours, out_vllm) and torch.equal(ours[1], vllms[1])
+        else:  # the two convs round their bf16 outputs differently, which reaches outputs and states by ~1 step
+            torch.testing.assert_close(out_ours.float(), out_vllm.float(), rtol=2e-2, atol=2e-2)
+            torch.testing.assert_close(ours[1], vllms[1], rtol=2e-2, atol=2e-2)
+        assert torch.equal(ours[0][:, :, : WIDTH - 1], history)  # the history, exactly
+        assert torch.equal(vllms[0][:, :, : WIDTH - 1], history)
     assert torch.equal(ours[0][:, :, WIDTH - 1:], conv[:, :, WIDTH - 1:])  # wide columns untouched
+    assert torch.equal(vllms[0][:, :, WIDTH - 1:], conv[:, :, WIDTH - 1:])
     for untouched in (0, 2, 4, 6):
         assert torch.equal(ours[0][untouched], conv[untouched]) and torch.equal(ours[1][untouched], ssm[untouched])
 

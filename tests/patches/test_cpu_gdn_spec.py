@@ -1,12 +1,20 @@
-"""The general conv-history roll of the CPU Gated DeltaNet speculative patch (pure torch).
+"""The conv-history roll of the CPU Gated DeltaNet speculative patch.
 
 Each step verifies a different number of inputs and accepts a different number of them; every
-output must equal a plain causal convolution over the accepted stream plus the step's inputs."""
+output must equal a plain causal convolution over the accepted stream plus the step's inputs: the
+general roll (pure torch), plain steps through the plain engine's decode conv, and every kind of step
+through the patched ``_spec_forward`` on every host kind (``test_cpu_isa.force_host``)."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from tests.patches.test_cpu_isa import BF16_DOT, HOSTS, force_host, loaded_conv1d
+from vllm_luce.patches import cpu_gdn_spec as S
 from vllm_luce.patches.cpu_gdn_spec import _per_request, roll_conv_and_convolve
+
+CPP, VEC = "_causal_conv1d_update_cpu", "causal_conv1d_update_cpu"  # vLLM's C++ conv and its generic one
 
 
 def reference(stream: list[torch.Tensor], new: torch.Tensor, weight, bias) -> torch.Tensor:
@@ -68,16 +76,14 @@ def test_uniform_batch_matches_the_per_request_roll():
         torch.testing.assert_close(batched, looped)
 
 
-@pytest.mark.parametrize("conv", ["torch", "cpp"])
-def test_plain_steps_through_a_plain_decode_conv_match_the_general_roll(conv):
-    """q = 1 for every request: realign rows that accepted drafts, then the conv a plain decode runs
-    (vLLM's torch decode conv, or its C++ one where the CPU has bf16 dot products), on a strided
-    buffer as vLLM's SD conv-state layout gives; equal to the roll."""
-    G = pytest.importorskip("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention")
-    from vllm_luce.patches.cpu_gdn_spec import DecodeConv, PackedDecodeConv, cpp_conv_supported, plain_step_conv
-
-    if conv == "cpp" and not cpp_conv_supported():
-        pytest.skip("vLLM uses its C++ conv only on CPUs with bf16 dot products")
+@pytest.mark.parametrize("kind", HOSTS)
+@pytest.mark.parametrize("packed_at_load", [True, False])
+def test_plain_steps_through_the_plain_engines_decode_conv_match_the_general_roll(monkeypatch, kind, packed_at_load):
+    """q = 1 for every request: realign rows that accepted drafts, then the conv a plain decode runs (vLLM's C++
+    one where the CPU has bf16 dot products, on the weights vLLM packed at load or, where it did not, on plain
+    ones; its generic one elsewhere), on a strided buffer as vLLM's SD conv-state layout gives; equal to the roll."""
+    pytest.importorskip("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention")
+    calls = force_host(monkeypatch, kind)
     g = torch.Generator().manual_seed(3)
     dim, width, state_len, n = 64, 4, 19, 5
     weight, bias = torch.randn(dim, width, generator=g).bfloat16(), torch.randn(dim, generator=g).bfloat16()
@@ -85,13 +91,90 @@ def test_plain_steps_through_a_plain_decode_conv_match_the_general_roll(conv):
     slots, accepted = torch.tensor([3, 5, 6, 1, 7]), torch.tensor([1, 4, 2, 16, 1])  # slot 0 is vLLM's null block
     x = torch.randn(n, dim, generator=g).bfloat16()
     fast, general = base.clone(), base.float()
-    slots_i32 = slots.to(torch.int32)
-    convolve = (DecodeConv(G.causal_conv1d_update_cpu, weight, bias, "silu", slots_i32) if conv == "torch" else
-                PackedDecodeConv(G._causal_conv1d_update_cpu, weight, bias, True, slots_i32, width, packed=False))
-    out = plain_step_conv(fast, slots, accepted, x, convolve)
+    conv1d = (loaded_conv1d(weight, bias) if packed_at_load
+              else SimpleNamespace(weight=weight[:, None, :].clone(), bias=bias))
+    convolve = S.plain_conv(SimpleNamespace(conv1d=conv1d, activation="silu"), slots.to(torch.int32))
+    if kind in BF16_DOT:
+        packed = hasattr(conv1d, "_cpu_unpacked_conv_weight")
+        assert isinstance(convolve, S.PackedDecodeConv) and convolve.packed is packed is packed_at_load
+        assert torch.equal(convolve.weight, conv1d.weight if packed else weight)
+    else:
+        assert isinstance(convolve, S.DecodeConv) and torch.equal(convolve.weight, weight)
+    out = S.plain_step_conv(fast, slots, accepted, x, convolve)
+    assert [name for name, _ in calls] == [CPP if kind in BF16_DOT else VEC]
     want = roll_conv_and_convolve(general, slots, accepted, torch.arange(n), torch.ones(n, dtype=torch.long),
                                   x.float(), weight.float(), bias.float(), silu=True)
     torch.testing.assert_close(out.float(), want, rtol=2e-2, atol=5e-2)  # bf16 output rounding
     for s in slots.tolist():  # the history the next step reads, exactly
         assert torch.equal(fast[s, :, : width - 1], general[s, :, : width - 1].bfloat16())
     assert torch.equal(fast[2], base[2]) and torch.equal(fast[4], base[4])  # other slots untouched
+
+
+HEADS, HEAD_DIM, K = 2, 64, 3
+
+
+class Layer(torch.nn.Module):
+    """What ``_spec_forward`` reads of a Gated DeltaNet layer, its conv weight loaded as on the host in force;
+    the conv outputs it sees are recorded in ``seen``."""
+
+    def __init__(self, g, width):
+        super().__init__()
+        dim = 3 * HEADS * HEAD_DIM
+        self.weight = torch.randn(dim, width, generator=g).bfloat16()
+        self.conv1d = loaded_conv1d(self.weight, torch.randn(dim, generator=g).bfloat16())
+        self.activation = "silu"
+        self.A_log = torch.randn(HEADS, generator=g)
+        self.dt_bias = torch.randn(HEADS, generator=g).bfloat16()
+        self.seen = []
+
+    def rearrange_mixed_qkv(self, mixed_qkv):
+        self.seen.append(mixed_qkv.clone())
+        q, k, v = mixed_qkv.split(HEADS * HEAD_DIM, dim=-1)
+        return (t.reshape(1, t.shape[0], HEADS, HEAD_DIM) for t in (q, k, v))
+
+
+@pytest.mark.parametrize("kind", HOSTS)
+def test_every_kind_of_step_convolves_each_requests_accepted_stream(monkeypatch, kind):
+    """Full verify steps (vLLM's code: its C++ verify conv on AMX and Arm bf16 hosts, its torch roll elsewhere),
+    steps with fewer drafts (the general roll) and plain steps (the plain engine's decode conv) in any order
+    leave each request's history where the next one reads it, on every host kind."""
+    G = pytest.importorskip("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention")
+    calls = force_host(monkeypatch, kind)
+    g = torch.Generator().manual_seed(4)
+    width, n = 4, 3
+    state_len, full, dim = width - 1 + K, 1 + K, 3 * HEADS * HEAD_DIM
+    layer = Layer(g, width)
+    indices = torch.arange(1, 1 + n * full, dtype=torch.int32).view(n, full)  # slot 0 is vLLM's null block
+    conv = torch.full((1 + n * full, state_len, dim), float("nan")).bfloat16().transpose(1, 2)  # SD layout's view
+    conv[indices[:, 0].long(), :, : width - 1] = torch.randn(n, dim, width - 1, generator=g).bfloat16()  # prefill's
+    ssm = torch.randn(1 + n * full, HEADS, HEAD_DIM, HEAD_DIM, generator=g) * 0.1
+    streams = [list(conv[int(s), :, : width - 1].float().unbind(-1)) for s in indices[:, 0]]
+    spec_forward = S._make_wrapper(getattr(G._spec_forward, "__wrapped__", G._spec_forward))
+    cpp_verify = kind in ("amx", "arm_bf16")
+    plan = [([4, 4, 4], [2, 4, 1]), ([2, 4, 1], [1, 3, 1]), ([1, 1, 1], [1, 1, 1]), ([4, 4, 4], [3, 1, 4]),
+            ([1, 1, 1], [1, 1, 1]), ([3, 1, 2], [3, 1, 2]), ([4, 4, 4], [4, 2, 1]), ([4, 4, 4], [1, 1, 1])]
+    accepted = [1] * n
+    for lengths, next_accepted in plan:
+        qsl = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        meta = SimpleNamespace(num_spec_decodes=n, spec_state_indices_tensor=indices, spec_query_start_loc=qsl,
+                               num_accepted_tokens=torch.tensor(accepted, dtype=torch.int32))
+        tokens = int(qsl[-1])
+        x = torch.randn(tokens, dim, generator=g).bfloat16()
+        a, b = torch.randn(tokens, HEADS, generator=g).bfloat16(), torch.randn(tokens, HEADS, generator=g).bfloat16()
+        calls.clear()
+        out = spec_forward(layer, meta, x, b, a, conv, ssm, width, state_len)
+        if lengths == [full] * n:
+            assert [name for name, _ in calls] == ([CPP] if cpp_verify else [])
+        elif lengths == [1] * n:
+            assert [name for name, _ in calls] == [CPP if kind in BF16_DOT else VEC]
+        else:
+            assert calls == []
+        for i, (start, q) in enumerate(zip(qsl.tolist(), lengths)):
+            new = x[start : start + q].float()
+            seq = torch.stack(streams[i][-(width - 1):] + list(new), dim=-1).double()  # [dim, width - 1 + q]
+            want = torch.nn.functional.silu(torch.nn.functional.conv1d(
+                seq[None], layer.weight.double()[:, None], layer.conv1d.bias.double(), groups=dim)[0]).T
+            torch.testing.assert_close(layer.seen[-1][start : start + q].double(), want, rtol=1e-2, atol=1e-2)
+            streams[i] += list(new[: next_accepted[i]])
+        assert torch.isfinite(out.float()).all()
+        accepted = next_accepted

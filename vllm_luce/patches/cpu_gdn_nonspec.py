@@ -4,8 +4,10 @@ decode a plain engine runs (see LEDGER).
 A speculating engine's conv buffer is wide (``width - 1 + K`` columns). A step without drafts goes from
 ``_cpu_gdn_attention_spec_aware`` to ``_spec_aware_nonspec``, which keeps each row's history in columns
 ``[0, width - 1)``. Its decode conv is vLLM's C++ one only on AMX or Arm bf16 CPUs, and there it is
-handed the whole wide buffer. Elsewhere it is the torch conv, which costs several times the C++ one
-(``cpu_gdn_spec.DecodeConv``).
+handed the whole wide buffer, of which the op reads and rolls only those columns: on the weights vLLM packed
+at load, the same outputs, bit for bit, and buffer as the plain engine's conv on that view (measured with the
+real op; ``tests/patches/test_cpu_isa.py``). Elsewhere it is the torch conv, which costs several times the
+C++ one (``cpu_gdn_spec.DecodeConv``).
 
 The DFlash gate's plain steps take this path when every request is decoding and accepted one token
 last step (``gpu_model_runner_inputs``). Then no recurrent state sits at an offset, and each row's
