@@ -18,6 +18,10 @@ def model_dir(tiny_model, fixtures_root):
             from tests.fixtures.conditional import as_conditional_generation
 
             return as_conditional_generation(tiny_model("qwen3_6"), fixtures_root / "qwen3_6-cg")
+        if family == "gemma4":  # one head dim: what vLLM 0.26 with transformers 5.17 parses (tiny_models.py)
+            from tests.fixtures.tiny_models import GEMMA4_UNIFORM, build_model
+
+            return build_model("gemma4", fixtures_root / "gemma4-uniform", **GEMMA4_UNIFORM)
         return tiny_model(family)
     return get
 
