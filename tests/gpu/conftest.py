@@ -59,8 +59,14 @@ def gpu_env(plugins: bool = True, **overrides: str) -> dict:
     return env
 
 
-def llm_args(**extra) -> dict:
-    return {"kv_cache_memory_bytes": KV_CACHE_BYTES, "tensor_parallel_size": TP, "seed": 0, **extra}
+# vLLM's own setting: its Triton Gated DeltaNet prefill. On Hopper vLLM defaults to FlashInfer's, which the
+# gpu-vllm kit does not carry (vLLM alone fails the same way without it).
+VLLM_ADDITIONAL = {"gdn_prefill_backend": "triton"}
+
+
+def llm_args(additional_config: dict | None = None, **extra) -> dict:
+    return {"kv_cache_memory_bytes": KV_CACHE_BYTES, "tensor_parallel_size": TP, "seed": 0,
+            "additional_config": {**VLLM_ADDITIONAL, **(additional_config or {})}, **extra}
 
 
 RUNNERS = {"v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"}}
@@ -69,7 +75,7 @@ RUNNERS = {"v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "v2": {"VLLM_USE_V2_MODEL_RU
 def run_engine(spec: dict, workdir: Path, *, plugins: bool = True, timeout: float = 900, **env) -> dict:
     """Run ``tests/gpu/engine.py`` on ``spec``; the engine's report, or a failure with its log's tail."""
     workdir.mkdir(parents=True, exist_ok=True)
-    name = f"engine-{len(list(workdir.glob('engine-*.json')))}"
+    name = f"engine-{len(list(workdir.glob('engine-*.log')))}"
     spec_path, out_path, log_path = (workdir / f"{name}{s}" for s in (".json", ".out.json", ".log"))
     spec_path.write_text(json.dumps(spec))
     with open(log_path, "w") as log:
@@ -83,14 +89,11 @@ def run_engine(spec: dict, workdir: Path, *, plugins: bool = True, timeout: floa
 
 
 def root_cause(log: str) -> str:
-    """The first exception line of an engine's log that is not vLLM's engine-died wrapper."""
-    wrappers = ("EngineDeadError", "Engine core initialization failed", "EngineCore encountered",
-                "No module named 'flashinfer'")  # logged when vLLM probes for FlashInfer, not fatal
-    for line in log.splitlines():
-        found = re.search(r"\b\w+(Error|Exception): .*", line)
-        if found and not any(w in line for w in wrappers):
-            return found.group(0)[:400]
-    return "?"
+    """The last exception line of an engine's log that is not vLLM's engine-died wrapper."""
+    wrappers = ("EngineDeadError", "Engine core initialization failed", "EngineCore encountered")
+    causes = [found.group(0) for line in log.splitlines()
+              if (found := re.search(r"\b\w+(Error|Exception): .*", line)) and not any(w in line for w in wrappers)]
+    return causes[-1][:400] if causes else "?"
 
 
 def run_alone_or_skip(spec: dict, workdir: Path, runner: str, **env) -> dict:

@@ -26,10 +26,14 @@ def _facts(llm) -> dict:
 
 
 def _counters(llm) -> dict:
+    """Spec-decode and vllm:luce_* counters and gauges, by name and labels (engine and model labels dropped)."""
     found = {}
     for metric in llm.get_metrics():
         if metric.name.startswith(("vllm:spec_decode_num", "vllm:luce_")) and hasattr(metric, "value"):
-            found[metric.name] = found.get(metric.name, 0) + metric.value
+            labels = ",".join(f"{k}={v}" for k, v in sorted(getattr(metric, "labels", {}).items())
+                              if k not in ("engine", "model_name", "worker", "rank", "pid"))
+            name = f"{metric.name}{{{labels}}}" if labels else metric.name
+            found[name] = found.get(name, 0) + metric.value
     return found
 
 

@@ -1,6 +1,6 @@
 """KVFlash on the GPU through vLLM's defaults: a pool covering the context gives vLLM's tokens; a prompt 8x
 the pool completes while the scheduler holds at most the pool's blocks; paging is bit-exact in vLLM's
-cache; on the model runner vLLM picks for a dense target (V2) and on V1."""
+cache; on both model runners (the tiny Laguna: 3 sliding + 1 pooled full-attention layer)."""
 
 import random
 
@@ -24,7 +24,7 @@ def spec(model, prompts, pool=None, **extra):
 
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
 def test_pool_covering_the_context_gives_vllms_tokens(tiny_model, tmp_path, runner):
-    model, prompts = tiny_model("qwen3"), [prompt(100, 1), prompt(250, 2), prompt(POOL - 40, 3)]
+    model, prompts = tiny_model("laguna"), [prompt(100, 1), prompt(250, 2), prompt(POOL - 40, 3)]
     off = run_engine(spec(model, prompts), tmp_path, **RUNNERS[runner])
     on = run_engine(spec(model, prompts, POOL), tmp_path, **RUNNERS[runner])
     assert all(r["bound"] for r in on["kvflash"]), on["kvflash"]
@@ -35,7 +35,7 @@ def test_pool_covering_the_context_gives_vllms_tokens(tiny_model, tmp_path, runn
 @pytest.mark.skipif(TP != 1, reason="the scheduler probe runs in-process")
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
 def test_prompt_8x_the_pool_completes_within_the_pool_and_pages_bit_exact(tiny_model, tmp_path, runner):
-    model = tiny_model("qwen3")
+    model = tiny_model("laguna")
     out = run_engine(spec(model, [prompt(8 * POOL + 100, 5), prompt(3 * POOL, 6)], POOL, kvflash_probe=True),
                      tmp_path, VLLM_ENABLE_V1_MULTIPROCESSING="0", **RUNNERS[runner])
     probe = out["kvflash_probe"]

@@ -10,7 +10,7 @@ import pytest
 from tests.e2e.server import Server
 from tests.fixtures import needle as N
 from tests.fixtures.trained import heldout_files, trained_model
-from tests.gpu.conftest import KV_CACHE_BYTES, TP, _keep_log, gpu_env
+from tests.gpu.conftest import KV_CACHE_BYTES, TP, VLLM_ADDITIONAL, _keep_log, gpu_env
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a key up.",
                                            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}}}]
@@ -40,7 +40,7 @@ def cases():
 def test_all_features_under_vllm_serve(trained_hybrid, tmp_path, cases):
     from openai import OpenAI
 
-    config = {"luce": {"kvflash": {"pool_tokens": 1024},
+    config = {**VLLM_ADDITIONAL, "luce": {"kvflash": {"pool_tokens": 1024},
                        "pflash": {"drafter": str(trained_model("scorer")), "keep_ratio": 0.2, "min_prompt_tokens": 512}}}
     with GpuServer(trained_hybrid, tmp_path / "serve.log", "--speculative-model", "dflash",
                    "--additional-config", json.dumps(config)) as server:
