@@ -26,7 +26,7 @@ def greedy_run(llm) -> dict:
 
     params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
-    return {"class": llm.apply_model(lambda model: type(model).__name__)[0],
+    return {"class": llm.apply_model(lambda model: type(model).__qualname__)[0],
             "tokens": [list(o.outputs[0].token_ids) for o in outputs]}
 
 

@@ -18,7 +18,7 @@ def target_llm():
 
 
 def test_served_by_the_luce_executor(target_llm):
-    name, plan = target_llm.apply_model(lambda m: (type(m).__name__, m.luce_layers.summary()))[0]
+    name, plan = target_llm.apply_model(lambda m: (type(m).__qualname__, m.luce_layers.summary()))[0]
     assert name == "LuceQwen3_5ForCausalLM"
     assert plan == "8 layers: 2 full_attention, 6 linear_attention"
 

@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TP = int(os.environ.get("LUCE_GPU_TP", "1"))
 # Each engine gets a fixed KV cache: engines that share the card cannot profile its free memory.
 KV_CACHE_BYTES = int(float(os.environ.get("LUCE_GPU_KV_GIB", "4")) * 2**30)
+# vLLM still checks at startup that this share of the card is free; engines beside each other hold some.
+GPU_SHARE = float(os.environ.get("LUCE_GPU_SHARE", "0.3"))
 CPU_ONLY = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND")
 
 
@@ -65,7 +67,8 @@ VLLM_ADDITIONAL = {"gdn_prefill_backend": "triton"}
 
 
 def llm_args(additional_config: dict | None = None, **extra) -> dict:
-    return {"kv_cache_memory_bytes": KV_CACHE_BYTES, "tensor_parallel_size": TP, "seed": 0,
+    return {"kv_cache_memory_bytes": KV_CACHE_BYTES, "gpu_memory_utilization": GPU_SHARE, "tensor_parallel_size": TP,
+            "seed": 0,
             "additional_config": {**VLLM_ADDITIONAL, **(additional_config or {})}, **extra}
 
 

@@ -10,7 +10,7 @@ import pytest
 from tests.e2e.server import Server
 from tests.fixtures import needle as N
 from tests.fixtures.trained import heldout_files, trained_model
-from tests.gpu.conftest import KV_CACHE_BYTES, TP, VLLM_ADDITIONAL, _keep_log, gpu_env
+from tests.gpu.conftest import GPU_SHARE, KV_CACHE_BYTES, TP, VLLM_ADDITIONAL, _keep_log, gpu_env
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a key up.",
                                            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}}}]
@@ -18,7 +18,8 @@ TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Loo
 
 class GpuServer(Server):
     def __init__(self, model: Path, log_path: Path, *extra: str):
-        super().__init__(model, log_path, "--kv-cache-memory-bytes", str(KV_CACHE_BYTES), "--tensor-parallel-size",
+        super().__init__(model, log_path, "--kv-cache-memory-bytes", str(KV_CACHE_BYTES),
+                         "--gpu-memory-utilization", str(GPU_SHARE), "--tensor-parallel-size",
                          str(TP), *extra)
         self.args = [a for a in self.args if a != "--enforce-eager"]  # CUDA graphs on, as vLLM defaults
         self.args[self.args.index("--max-model-len") + 1] = "4096"

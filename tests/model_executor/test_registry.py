@@ -22,3 +22,18 @@ def test_each_executor_subclasses_the_vllm_class_it_replaces(architecture):
     upstream = getattr(importlib.import_module(f"vllm.model_executor.models.{upstream_module}"),
                        upstream_class)
     assert issubclass(executor, upstream) and executor.upstream_architecture == architecture
+
+
+def test_executors_answer_to_the_upstream_class_name_and_pickle_by_their_own():
+    """vLLM dispatches on model.__class__.__name__ (0.26's DFlash proposer on multimodal targets): an executor
+    answers with its upstream class's name; __qualname__ (pickling, logs) keeps its own."""
+    import importlib
+    import pickle
+
+    from vllm_luce.model_executor.registry import EXECUTORS
+
+    for architecture, path in EXECUTORS.items():
+        module, name = path.split(":")
+        cls = getattr(importlib.import_module(module), name)
+        assert (cls.__name__, cls.__qualname__) == (architecture, name)
+        assert pickle.loads(pickle.dumps(cls)) is cls

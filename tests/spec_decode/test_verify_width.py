@@ -49,3 +49,15 @@ def test_sanitized_logits_are_finite_and_keep_finite_values():
 def test_shape_is_checked():
     with pytest.raises(ValueError, match=r"\[requests, K\]"):
         verify_widths(torch.ones(4), 0.5, 1)
+
+
+def test_sanitize_logits_never_syncs_with_the_host():
+    """Model Runner V2 captures drafting in a CUDA graph: a data-dependent branch (a host sync) would stop capture.
+    fullgraph tracing fails on such a branch, as capture does."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    traced = torch.compile(sanitize_logits, backend="eager", fullgraph=True)
+    logits = torch.tensor([[0.5, float("nan")], [float("inf"), -float("inf")]], dtype=torch.bfloat16)
+    low = torch.finfo(torch.bfloat16).min
+    assert torch.equal(traced(logits), torch.tensor([[0.5, low], [low, low]], dtype=torch.bfloat16))

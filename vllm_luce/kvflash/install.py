@@ -4,8 +4,10 @@ the configuration, so a bad setting stops startup there).
 * The pool settings are validated (a KVFlashConfigError names the key and the floor).
 * Every step's new tokens of a request must fit in its pool beside the sinks, so the scheduler's
   token budget per step is capped at ``PagerConfig.max_step_tokens``. vLLM's per-request cap
-  (``long_prefill_token_threshold``) is not applied to a request alone in the batch, so the step
-  budget (``max_num_batched_tokens``) itself is capped.
+  (``long_prefill_token_threshold``) is not applied to a request alone in the batch, so the step's
+  token budget (``max_num_scheduled_tokens``, which the scheduler spends) is capped too. The worker's
+  buffers (``max_num_batched_tokens``) keep their size: CUDA graph capture sizes and DFlash's draft slots
+  are laid out from it before this runs, and capping it made capture exceed the buffers on the GPU.
 * Prefix caching is switched off: a pooled request's KV depends on what it paged out (with SFI, on
   how its chunks were permuted among its blocks), so it is not a function of the prefix, and vLLM's
   hybrid coordinator takes hits from the other groups alone.
@@ -51,10 +53,7 @@ def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
         raise LuceConfigError(f"luce.kvflash.pool_tokens: got {cfg.pool_tokens}; a step writes up to "
                               f"{lookahead + 1} tokens with speculation, so the pool needs at least "
                               f"{(lookahead + 1 + (cfg.sink_chunks + 2) * cfg.chunk_tokens)} tokens")
-    if sched.max_num_batched_tokens > step:
-        sched.max_num_batched_tokens = step
-    if sched.max_num_scheduled_tokens is not None and sched.max_num_scheduled_tokens > step:
-        sched.max_num_scheduled_tokens = step
+    sched.max_num_scheduled_tokens = min(sched.max_num_scheduled_tokens or sched.max_num_batched_tokens, step)
     if not sched.long_prefill_token_threshold or sched.long_prefill_token_threshold > step:
         sched.long_prefill_token_threshold = step
     return f"pool {cfg.pool_tokens} tokens, chunks of {cfg.chunk_tokens}, policy {kv.policy}, step <= {step} tokens"

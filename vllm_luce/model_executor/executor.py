@@ -57,6 +57,16 @@ class LuceExecutor:
 
     upstream_architecture: str = ""
 
+    def __init_subclass__(cls, **kwargs):
+        """An executor answers to its upstream class's ``__name__``: vLLM dispatches on
+        ``model.__class__.__name__`` (vLLM 0.26's DFlash proposer reads a multimodal target's image token by
+        it, and failed on LuceQwen3_5ForConditionalGeneration). Its own name stays in ``__qualname__``,
+        which pickling and the logs use."""
+        super().__init_subclass__(**kwargs)
+        upstream = next((b for b in cls.__mro__[1:] if b.__module__.startswith("vllm.")), None)
+        if upstream is not None:
+            cls.__name__ = upstream.__name__
+
     def __init__(self, *, vllm_config, prefix: str | None = None) -> None:
         # vLLM recognises model classes by the `vllm_config`/`prefix` keywords; an omitted prefix
         # keeps the upstream class's own default (it differs between classes).
@@ -69,4 +79,4 @@ class LuceExecutor:
         if self.luce_config.kvflash.enabled:
             pool_full_attention(self, self.luce_layers, self.luce_config)
         logger.info("%s: %s is served by %s (%s); features: %s", tag(), self.upstream_architecture,
-                    type(self).__name__, self.luce_layers.summary(), self.luce_config.describe())
+                    type(self).__qualname__, self.luce_layers.summary(), self.luce_config.describe())
