@@ -13,7 +13,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$RESULTS/d
 python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" | tee -a "$RESULTS/device.txt"
 git log -1 --format='commit %H %cd' 2>/dev/null | tee -a "$RESULTS/device.txt"
 status=0
-timeout "${LUCE_GPU_TIMEOUT:-520}" python3 -m pytest tests/gpu -q -rA -p no:cacheprovider --junitxml="$RESULTS/junit.xml" \
+timeout "${LUCE_GPU_TIMEOUT:-520}" python3 -m pytest tests/gpu -v -rA -p no:cacheprovider -p no:benchmark --junitxml="$RESULTS/junit.xml" \
   -n "${LUCE_GPU_WORKERS:-4}" "$@" 2>&1 | tee "$RESULTS/pytest.log" || status=$?
 tar -C "$LUCE_GPU_LOGS" -czf "$RESULTS/logs.tgz" . 2>/dev/null
 exit $status

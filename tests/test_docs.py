@@ -68,10 +68,15 @@ def ledger_section() -> str:
 
 def render_ledger() -> str:
     """The ledger section of docs/architecture.md: each patch's target, module, why, how, removal."""
+    from vllm_luce.compat import SUPPORTED_SERIES
+
     parts = [LEDGER_BEGIN]
     for entry in LEDGER:
-        parts += ["", f"### `{entry.target}`", f"- **Module:** `{entry.module}`", f"- **Why:** {entry.why}",
-                  f"- **How:** {entry.how}", f"- **Remove when:** {entry.remove_when}"]
+        series = [s if entry.signature_in(s) == entry.signature else
+                  f"{s} (left alone)" if entry.signature_in(s) is None else f"{s} (its own signature)"
+                  for s in SUPPORTED_SERIES]
+        parts += ["", f"### `{entry.target}`", f"- **Module:** `{entry.module}`", f"- **vLLM:** {', '.join(series)}",
+                  f"- **Why:** {entry.why}", f"- **How:** {entry.how}", f"- **Remove when:** {entry.remove_when}"]
     return "\n".join(parts) + "\n\n"
 
 
