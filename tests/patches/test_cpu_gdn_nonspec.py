@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.patches.test_cpu_isa import BF16_DOT, HOSTS, force_host, loaded_conv1d
+from tests.patches.test_cpu_isa import BF16_DOT, HOSTS, GdnLayer, force_host
 
 G = pytest.importorskip("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention")
 
@@ -24,24 +24,8 @@ HEADS, HEAD_DIM, WIDTH, K = 2, 64, 4, 15
 CPP, VEC = "_causal_conv1d_update_cpu", "causal_conv1d_update_cpu"  # vLLM's C++ conv and its generic one
 
 
-class Layer(torch.nn.Module):
-    """What the decode reads of a Gated DeltaNet layer, its conv weight loaded as on the host in force; the
-    conv outputs it sees are recorded in ``seen``."""
-
-    def __init__(self, g):
-        super().__init__()
-        dim = 3 * HEADS * HEAD_DIM
-        self.weight = torch.randn(dim, WIDTH, generator=g).bfloat16()
-        self.conv1d = loaded_conv1d(self.weight, torch.randn(dim, generator=g).bfloat16())
-        self.activation = "silu"
-        self.A_log = torch.randn(HEADS, generator=g)
-        self.dt_bias = torch.randn(HEADS, generator=g).bfloat16()
-        self.seen = []
-
-    def rearrange_mixed_qkv(self, mixed_qkv):
-        self.seen.append(mixed_qkv.clone())
-        q, k, v = mixed_qkv.split(HEADS * HEAD_DIM, dim=-1)
-        return (t.reshape(1, t.shape[0], HEADS, HEAD_DIM) for t in (q, k, v))
+def Layer(g):  # noqa: N802 - a layer, as the tests read
+    return GdnLayer(g, WIDTH, HEADS, HEAD_DIM)
 
 
 def reference(layer, histories, x):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.patches.test_cpu_isa import BF16_DOT, HOSTS, force_host, loaded_conv1d
+from tests.patches.test_cpu_isa import BF16_DOT, HOSTS, GdnLayer, force_host, loaded_conv1d
 from vllm_luce.patches import cpu_gdn_spec as S
 from vllm_luce.patches.cpu_gdn_spec import _per_request, roll_conv_and_convolve
 
@@ -113,24 +113,8 @@ def test_plain_steps_through_the_plain_engines_decode_conv_match_the_general_rol
 HEADS, HEAD_DIM, K = 2, 64, 3
 
 
-class Layer(torch.nn.Module):
-    """What ``_spec_forward`` reads of a Gated DeltaNet layer, its conv weight loaded as on the host in force;
-    the conv outputs it sees are recorded in ``seen``."""
-
-    def __init__(self, g, width):
-        super().__init__()
-        dim = 3 * HEADS * HEAD_DIM
-        self.weight = torch.randn(dim, width, generator=g).bfloat16()
-        self.conv1d = loaded_conv1d(self.weight, torch.randn(dim, generator=g).bfloat16())
-        self.activation = "silu"
-        self.A_log = torch.randn(HEADS, generator=g)
-        self.dt_bias = torch.randn(HEADS, generator=g).bfloat16()
-        self.seen = []
-
-    def rearrange_mixed_qkv(self, mixed_qkv):
-        self.seen.append(mixed_qkv.clone())
-        q, k, v = mixed_qkv.split(HEADS * HEAD_DIM, dim=-1)
-        return (t.reshape(1, t.shape[0], HEADS, HEAD_DIM) for t in (q, k, v))
+def Layer(g, width):  # noqa: N802 - a layer, as the tests read
+    return GdnLayer(g, width, HEADS, HEAD_DIM)
 
 
 @pytest.mark.parametrize("kind", HOSTS)

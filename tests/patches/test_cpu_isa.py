@@ -145,6 +145,27 @@ def loaded_conv1d(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.nn.M
     return conv1d
 
 
+class GdnLayer(torch.nn.Module):
+    """What vLLM's CPU Gated DeltaNet paths read of a layer, its conv weight loaded as on the host in force; the
+    conv outputs they hand on are recorded in ``seen``."""
+
+    def __init__(self, g, width: int, heads: int, head_dim: int):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        dim = 3 * heads * head_dim
+        self.weight = torch.randn(dim, width, generator=g).bfloat16()
+        self.conv1d = loaded_conv1d(self.weight, torch.randn(dim, generator=g).bfloat16())
+        self.activation = "silu"
+        self.A_log = torch.randn(heads, generator=g)
+        self.dt_bias = torch.randn(heads, generator=g).bfloat16()
+        self.seen = []
+
+    def rearrange_mixed_qkv(self, mixed_qkv):
+        self.seen.append(mixed_qkv.clone())
+        q, k, v = mixed_qkv.split(self.heads * self.head_dim, dim=-1)
+        return (t.reshape(1, t.shape[0], self.heads, self.head_dim) for t in (q, k, v))
+
+
 @pytest.mark.parametrize("kind", HOSTS)
 def test_detection_follows_the_host_kind(monkeypatch, kind):
     force_host(monkeypatch, kind)
