@@ -62,3 +62,29 @@ def test_all_features_under_vllm_serve(trained_hybrid, tmp_path, cases):
         drafts = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts")]
         assert drafts and float(drafts[0].split()[-1]) > 0, drafts
         assert "vllm:luce_kvflash_requests" in metrics
+
+
+def test_dflash_on_a_dense_target_under_vllm_serve(tiny_model, tiny_drafter, tmp_path):
+    """`--speculative-model dflash` on a Qwen3 dense target (z-lab's flagship targets are dense; vLLM runs them
+    on Model Runner V2): the sibling drafter is found, drafts are verified, and greedy completions equal a
+    server without speculation."""
+    from openai import OpenAI
+
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "qwen3").symlink_to(tiny_model("qwen3"), target_is_directory=True)
+    (models / "qwen3-DFlash").symlink_to(tiny_drafter("qwen3"), target_is_directory=True)
+    prompts = ["def fibonacci(n):\n    ", "import json\n\nclass Encoder", "The quick brown fox"]
+    completions = {}
+    for name, extra in (("plain", ()), ("dflash", ("--speculative-model", "dflash"))):
+        with GpuServer(models / "qwen3", tmp_path / f"{name}.log", "--additional-config",
+                       json.dumps(VLLM_ADDITIONAL), *extra) as server:
+            client = OpenAI(base_url=server.base_url, api_key="unused")
+            completions[name] = [client.completions.create(model="tiny", prompt=p, max_tokens=32, temperature=0,
+                                                           extra_body={"ignore_eos": True}).choices[0].text
+                                 for p in prompts]
+            if name == "dflash":
+                metrics = urllib.request.urlopen(server.base_url[:-3] + "/metrics").read().decode()
+                drafts = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts")]
+                assert drafts and float(drafts[0].split()[-1]) > 0, drafts
+    assert completions["dflash"] == completions["plain"]
