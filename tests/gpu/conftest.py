@@ -5,7 +5,8 @@ never run by CI; `docs/gpu.md` says how to run it on the lent GPU and holds its 
 Each engine runs in a subprocess (``tests/gpu/engine.py`` or ``vllm serve``) so that plugin registration,
 VLLM_PLUGINS and VLLM_USE_V2_MODEL_RUNNER apply per engine. Engines take a small share of the GPU each,
 so pytest-xdist can run several at once: each gets a fixed KV cache (``kv_cache_memory_bytes``, which
-skips vLLM's free-memory profiling that other engines would upset); everything else is vLLM's default. ``LUCE_GPU_TP`` (default 1) sets the tensor parallel size.
+skips vLLM's free-memory profiling that other engines would upset); everything else is vLLM's default.
+``LUCE_GPU_TP`` (default 1) sets the tensor parallel size.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def run_engine(spec: dict, workdir: Path, *, plugins: bool = True, timeout: floa
     with open(log_path, "w") as log:
         proc = subprocess.run([sys.executable, "-m", "tests.gpu.engine", str(spec_path), str(out_path)], cwd=ROOT,
                               env=gpu_env(plugins, **env), stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
-    _keep_log(log_path)
+    keep_log(log_path)
     if proc.returncode != 0:
         log = log_path.read_text(errors="replace")
         raise AssertionError(f"engine exited {proc.returncode}: {root_cause(log)}\n{log[-6000:]}")
@@ -105,10 +106,10 @@ def run_alone_or_skip(spec: dict, workdir: Path, runner: str, **env) -> dict:
     try:
         return run_engine(spec, workdir, plugins=False, **RUNNERS[runner], **env)
     except AssertionError as failure:
-        pytest.skip(f"vLLM 0.26 alone does not run this on {runner}: {str(failure).splitlines()[0][:300]}")
+        pytest.skip(f"vLLM alone does not run this on {runner}: {str(failure).splitlines()[0][:300]}")
 
 
-def _keep_log(path: Path) -> None:
+def keep_log(path: Path) -> None:
     """Copy an engine's log under $LUCE_GPU_LOGS (the run's results), named after the test."""
     logs = os.environ.get("LUCE_GPU_LOGS")
     if logs:

@@ -38,10 +38,10 @@ def predictable_run(pair, tmp_path, drafter, runner, *, gate, tokens=64, request
     return out
 
 
-pytestmark_tp1 = pytest.mark.skipif(TP != 1, reason="the predictable drafter class registers in-process only")
+tp1_only = pytest.mark.skipif(TP != 1, reason="the predictable drafter class registers in-process only")
 
 
-@pytestmark_tp1
+@tp1_only
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
 def test_always_right_pair_accepts_every_draft(pair, tmp_path, runner):
     out = predictable_run(pair, tmp_path, "right", runner, gate=False)
@@ -50,7 +50,7 @@ def test_always_right_pair_accepts_every_draft(pair, tmp_path, runner):
     assert stats["num_drafts"] > 0 and stats["num_accepted_tokens"] == stats["num_draft_tokens"], stats
 
 
-@pytestmark_tp1
+@tp1_only
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
 def test_gate_switches_on_the_always_wrong_pair_and_output_is_unchanged(pair, tmp_path, runner):
     """Lossless while it switches. Whether plain wins is the gate's measurement, not this test's: on a 128-wide
@@ -63,7 +63,7 @@ def test_gate_switches_on_the_always_wrong_pair_and_output_is_unchanged(pair, tm
     assert steps["spec"] > 0 and steps["plain"] > 0, gated["counters"]
 
 
-@pytestmark_tp1
+@tp1_only
 def test_verify_width_cuts_unconfident_drafts_v1(pair, tmp_path):
     out = predictable_run(pair, tmp_path, "right", "v1", gate=False, verify_confidence=0.5, min_verify_tokens=1)
     assert out["tokens"] == expected(4, 64)

@@ -10,7 +10,7 @@ import pytest
 from tests.e2e.server import Server
 from tests.fixtures import needle as N
 from tests.fixtures.trained import heldout_files, trained_model
-from tests.gpu.conftest import GPU_SHARE, KV_CACHE_BYTES, TP, VLLM_ADDITIONAL, _keep_log, gpu_env
+from tests.gpu.conftest import GPU_SHARE, KV_CACHE_BYTES, TP, VLLM_ADDITIONAL, gpu_env, keep_log
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a key up.",
                                            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}}}]
@@ -27,7 +27,16 @@ class GpuServer(Server):
 
     def stop(self):
         super().stop()
-        _keep_log(self.log_path)
+        keep_log(self.log_path)
+
+    def metrics(self) -> str:
+        return urllib.request.urlopen(self.base_url[:-3] + "/metrics").read().decode()
+
+    def drafts(self) -> float:
+        """vLLM's count of verified drafts (spec_decode_num_drafts), from /metrics."""
+        lines = [line for line in self.metrics().splitlines() if line.startswith("vllm:spec_decode_num_drafts")]
+        assert lines, "no vllm:spec_decode_num_drafts in /metrics"
+        return float(lines[0].split()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +67,8 @@ def test_all_features_under_vllm_serve(trained_hybrid, tmp_path, cases):
         plain = client.chat.completions.create(model="tiny", max_tokens=4, temperature=0,
                                                messages=[{"role": "user", "content": cases[0].prompt}])
         assert tools.usage.prompt_tokens > 1.5 * plain.usage.prompt_tokens  # tools: never compressed
-        metrics = urllib.request.urlopen(server.base_url[:-3] + "/metrics").read().decode()
-        drafts = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts")]
-        assert drafts and float(drafts[0].split()[-1]) > 0, drafts
-        assert "vllm:luce_kvflash_requests" in metrics
+        assert server.drafts() > 0
+        assert "vllm:luce_kvflash_requests" in server.metrics()
 
 
 def test_dflash_on_a_dense_target_under_vllm_serve(tiny_model, tiny_drafter, tmp_path):
@@ -84,7 +91,5 @@ def test_dflash_on_a_dense_target_under_vllm_serve(tiny_model, tiny_drafter, tmp
                                                            extra_body={"ignore_eos": True}).choices[0].text
                                  for p in prompts]
             if name == "dflash":
-                metrics = urllib.request.urlopen(server.base_url[:-3] + "/metrics").read().decode()
-                drafts = [line for line in metrics.splitlines() if line.startswith("vllm:spec_decode_num_drafts")]
-                assert drafts and float(drafts[0].split()[-1]) > 0, drafts
+                assert server.drafts() > 0
     assert completions["dflash"] == completions["plain"]
