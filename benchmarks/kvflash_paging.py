@@ -29,7 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script path
 from benchmarks import report  # noqa: E402
 from benchmarks.gpu_timing import device_info, timed  # noqa: E402
-from vllm_luce.kvflash.kv_store import NHD_LAYOUT, PagedPoolStore  # noqa: E402
+from vllm_luce.kvflash.kv_store import PACKED_LAYOUT, PagedPoolStore  # noqa: E402
 
 LAYERS, HKV, D, BLOCK, CHUNK = 36, 8, 128, 16, 64
 
@@ -41,14 +41,15 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     dev = torch.device("cuda")
-    caches = [torch.randn(2, args.blocks, BLOCK, HKV, D, device=dev, dtype=torch.bfloat16) for _ in range(LAYERS)]
-    store = PagedPoolStore(caches, NHD_LAYOUT, D, BLOCK, CHUNK)
+    caches = [torch.randn(args.blocks, BLOCK, HKV, 2 * D, device=dev, dtype=torch.bfloat16).transpose(1, 2)
+              for _ in range(LAYERS)]  # vLLM's GPU layout (NHD stride order)
+    store = PagedPoolStore(caches, PACKED_LAYOUT, D, BLOCK, CHUNK)
     store.row = np.random.default_rng(0).permutation(args.blocks)[:256]  # a 4K-token pool, scattered blocks
     chunk_bytes = LAYERS * 2 * CHUNK * HKV * D * 2
-    per_layer = PagedPoolStore(caches, NHD_LAYOUT, D, BLOCK, CHUNK)
+    per_layer = PagedPoolStore(caches, PACKED_LAYOUT, D, BLOCK, CHUNK)
     per_layer.row, per_layer.mover = store.row, None
     assert store.mover is not None, "the one-launch mover did not engage on these caches"
-    one_token = PagedPoolStore(caches, NHD_LAYOUT, D, BLOCK, 1)  # write-through moves one token per step
+    one_token = PagedPoolStore(caches, PACKED_LAYOUT, D, BLOCK, 1)  # write-through moves one token per step
     one_token.row = store.row
     host = store.read_host(3)
     assert torch.equal(host.to(dev), per_layer.read(3))

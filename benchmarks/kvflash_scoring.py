@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a sc
 from benchmarks import report  # noqa: E402
 from benchmarks.gpu_timing import copy_bandwidth, device_info, timed  # noqa: E402
 from vllm_luce.kernels.chunk_score import chunk_scores, chunk_scores_naive  # noqa: E402
-from vllm_luce.kvflash.kv_store import NHD_LAYOUT, PagedPoolStore  # noqa: E402
+from vllm_luce.kvflash.kv_store import PACKED_LAYOUT, PagedPoolStore  # noqa: E402
 from vllm_luce.kvflash.policies import QK  # noqa: E402
 
 LAYERS, HQ, HKV, D, BLOCK, CHUNK = 36, 32, 8, 128, 16, 64
@@ -80,10 +80,11 @@ def scoring(contexts: list[int], reps: int) -> dict:
 
 def summary(blocks: int, reps: int) -> dict:
     dev = torch.device("cuda")
-    caches = [torch.randn(2, blocks, BLOCK, HKV, D, device=dev, dtype=torch.bfloat16) for _ in range(LAYERS)]
-    store = PagedPoolStore(caches, NHD_LAYOUT, D, BLOCK, CHUNK)
+    caches = [torch.randn(blocks, BLOCK, HKV, 2 * D, device=dev, dtype=torch.bfloat16).transpose(1, 2)
+              for _ in range(LAYERS)]  # vLLM's GPU layout (NHD stride order)
+    store = PagedPoolStore(caches, PACKED_LAYOUT, D, BLOCK, CHUNK)
     store.row = np.random.default_rng(0).permutation(blocks)[:256]
-    torch_path = PagedPoolStore(caches, NHD_LAYOUT, D, BLOCK, CHUNK)
+    torch_path = PagedPoolStore(caches, PACKED_LAYOUT, D, BLOCK, CHUNK)
     torch_path.row, torch_path.mover = store.row, None
     assert store.mover is not None, "the one-launch mover did not engage on these caches"
     torch.testing.assert_close(store.summarize(5), torch_path.summarize(5), atol=1e-5, rtol=1e-5)

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 source .gpukit/bin/env.sh
 RESULTS=${OUT:-$PWD/gpu-results}
 mkdir -p "$RESULTS"
-export LUCE_TEST_FIXTURES=${LUCE_TEST_FIXTURES:-/tmp/luce-fixtures} LUCE_GPU_LOGS=/tmp/luce-gpu-logs
+export LUCE_TEST_FIXTURES=${LUCE_TEST_FIXTURES:-/tmp/luce-fixtures} LUCE_GPU_LOGS=${LUCE_GPU_LOGS:-/tmp/luce-gpu-logs}
 export TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$RESULTS/device.txt"
 python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" | tee -a "$RESULTS/device.txt"

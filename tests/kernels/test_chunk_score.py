@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_luce.kernels.chunk_copy import LayerRows
+from tests.fixtures.vllm_kv import LAYOUTS, vllm_cache
+from vllm_luce.kernels.chunk_copy import LayerCaches
 from vllm_luce.kernels.chunk_score import chunk_scores, chunk_scores_naive, key_means, key_means_naive
 
 pytestmark = pytest.mark.kernel
@@ -69,62 +70,64 @@ def test_chunk_scores_refuse_bad_shapes(device, bad, match):
         chunk_scores(*bad(q, s))
 
 
-def _caches(layers, rows, heads, d, dtype, device, seed=0):
+def _caches(layers, blocks, heads, block, d, dtype, device, layout="NHD", seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randn(2, rows, heads, d, generator=g).to(dtype).to(device) for _ in range(layers)]
+    return [vllm_cache(blocks, heads, block, d, dtype, device, layout, g) for _ in range(layers)]
 
 
-# layers, cache rows, KV heads, head size, dtype, number of slots
+# layers, blocks x block size, KV heads, head size, dtype, number of slots
 MEAN_CASES = [
-    (1, 5, 1, 1, torch.float32, 1),
-    (3, 97, 3, 72, torch.bfloat16, 64),   # one 64-token chunk, two token tiles
-    (2, 40, 8, 128, torch.float16, 33),
-    (2, 21, 2, 512, torch.float32, 7),
+    (1, 5, 1, 1, 1, torch.float32, 1),
+    (3, 7, 16, 3, 72, torch.bfloat16, 64),   # one 64-token chunk, two token tiles
+    (2, 3, 16, 8, 128, torch.float16, 33),
+    (2, 7, 3, 2, 512, torch.float32, 7),
 ]
 
 
-@pytest.mark.parametrize("layers,rows,heads,d,dtype,n", MEAN_CASES,
-                         ids=[f"l{c[0]}-r{c[1]}-h{c[2]}-d{c[3]}-{str(c[4])[6:]}-n{c[5]}" for c in MEAN_CASES])
-def test_key_means_match_the_reference(poisoned, device, layers, rows, heads, d, dtype, n):
-    caches = _caches(layers, rows, heads, d, dtype, device)
-    slots = torch.randperm(rows, generator=torch.Generator().manual_seed(n))[:n].to(device)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layers,blocks,block,heads,d,dtype,n", MEAN_CASES,
+                         ids=[f"l{c[0]}-b{c[1]}x{c[2]}-h{c[3]}-d{c[4]}-{str(c[5])[6:]}-n{c[6]}" for c in MEAN_CASES])
+def test_key_means_match_the_reference(poisoned, device, layout, layers, blocks, block, heads, d, dtype, n):
+    caches = _caches(layers, blocks, heads, block, d, dtype, device, layout)
+    slots = torch.randperm(blocks * block, generator=torch.Generator().manual_seed(n))[:n].to(device)
     out = poisoned((layers, heads, d))
-    assert key_means(LayerRows(caches), slots, out=out) is out
+    assert key_means(LayerCaches(caches), slots, d, out=out) is out
     assert torch.isfinite(out).all()
-    torch.testing.assert_close(out, key_means_naive(caches, slots), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, key_means_naive(caches, slots, d), atol=1e-5, rtol=1e-5)
 
 
 def test_key_means_read_keys_not_values(device):
-    caches = _caches(2, 10, 2, 8, torch.float32, device)
+    caches = _caches(2, 3, 2, 4, 8, torch.float32, device)
     for c in caches:
-        c[1] = float("nan")  # values: never read
-    got = key_means(LayerRows(caches), torch.tensor([4, 1, 9], device=device))
-    torch.testing.assert_close(got, key_means_naive(caches, torch.tensor([4, 1, 9], device=device)))
+        c[..., 8:] = float("nan")  # values: never read
+    slots = torch.tensor([4, 1, 9], device=device)
+    got = key_means(LayerCaches(caches), slots, 8)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, key_means_naive(caches, slots, 8))
 
 
 def test_key_means_refuse_fp8_caches_and_empty_slots(device):
-    caches = [c.to(torch.float8_e4m3fn) for c in _caches(1, 6, 2, 8, torch.float32, device)]
+    caches = [c.to(torch.float8_e4m3fn) for c in _caches(1, 2, 2, 3, 8, torch.float32, device)]
     with pytest.raises(TypeError, match="fp8 caches take the torch path"):
-        key_means(LayerRows(caches), torch.tensor([1], device=device))
+        key_means(LayerCaches(caches), torch.tensor([1], device=device), 8)
     with pytest.raises(ValueError, match="non-empty"):
-        key_means(LayerRows(_caches(1, 6, 2, 8, torch.float32, device)), torch.zeros(0, dtype=torch.int64))
+        key_means(LayerCaches(_caches(1, 2, 2, 3, 8, torch.float32, device)), torch.zeros(0, dtype=torch.int64), 8)
 
 
-def test_kvflash_store_summaries_through_the_kernel_match_the_torch_path(device):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_kvflash_store_summaries_through_the_kernel_match_the_torch_path(device, layout):
     """PagedPoolStore.summarize with the one-launch mover (what a GPU runs) equals its per-layer torch path,
     for a chunk that straddles cache blocks."""
     import numpy as np
 
-    from vllm_luce.kvflash.kv_store import NHD_LAYOUT, PagedPoolStore
+    from vllm_luce.kvflash.kv_store import PACKED_LAYOUT, PagedPoolStore
 
     def store():
-        g = torch.Generator().manual_seed(4)
-        caches = [torch.randn(2, 13, 5, 3, 40, generator=g).to(torch.bfloat16).to(device) for _ in range(3)]
-        s = PagedPoolStore(caches, NHD_LAYOUT, 40, 5, 4)  # chunks of 4 tokens across blocks of 5
-        s.row = np.array([9, 2, 11, 0, 6, 4])
+        s = PagedPoolStore(_caches(3, 13, 3, 5, 40, torch.bfloat16, device, layout, 4), PACKED_LAYOUT, 40, 5, 4)
+        s.row = np.array([9, 2, 11, 0, 6, 4])  # chunks of 4 tokens across blocks of 5
         return s
 
     fused, plain = store(), store()
-    fused.mover, plain.mover = LayerRows(fused.rows), None  # a GPU store makes its mover itself
+    fused.mover, plain.mover = LayerCaches(fused.views), None  # a GPU store makes its mover itself
     for position in (0, 1, 5):
         torch.testing.assert_close(fused.summarize(position), plain.summarize(position), atol=1e-6, rtol=1e-5)

@@ -7,19 +7,24 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_luce.kvflash.kv_store import CPU_LAYOUT, NHD_LAYOUT, PagedPoolStore
+from tests.fixtures.vllm_kv import LAYOUTS, vllm_cache, vllm_keys_values
+from vllm_luce.kvflash.kv_store import CPU_LAYOUT, PACKED_LAYOUT, PagedPoolStore
 
 LAYERS, HEADS, HEAD, BLOCK, CHUNK, BLOCKS = 3, 2, 8, 16, 32, 12
 
 
-def caches(layout, device="cpu", seed=0):
+def caches(layout, device="cpu", seed=0, gpu_layout="NHD"):
+    """CPU_LAYOUT: vLLM's CPU backend tensor; PACKED_LAYOUT: a GPU backend's, in ``gpu_layout``."""
     g = torch.Generator().manual_seed(seed)
-    shape = (BLOCKS, HEADS, BLOCK, 2 * HEAD) if layout is CPU_LAYOUT else (2, BLOCKS, BLOCK, HEADS, HEAD)
-    return [torch.randn(shape, generator=g).to(torch.bfloat16).to(device) for _ in range(LAYERS)]
+    if layout is CPU_LAYOUT:
+        return [torch.randn(BLOCKS, HEADS, BLOCK, 2 * HEAD, generator=g).to(torch.bfloat16).to(device)
+                for _ in range(LAYERS)]
+    return [vllm_cache(BLOCKS, HEADS, BLOCK, HEAD, device=device, layout=gpu_layout, generator=g)
+            for _ in range(LAYERS)]
 
 
-def store(layout, device="cpu"):
-    s = PagedPoolStore(caches(layout, device), layout, HEAD, BLOCK, CHUNK)
+def store(layout, device="cpu", gpu_layout="NHD"):
+    s = PagedPoolStore(caches(layout, device, gpu_layout=gpu_layout), layout, HEAD, BLOCK, CHUNK)
     s.row = np.array([7, 2, 9, 0, 11, 4])  # the request's blocks, scattered: 3 chunks of 32 tokens
     return s
 
@@ -29,17 +34,21 @@ def token_keys(s, slot):
     b, o = divmod(slot, BLOCK)
     if s.layout is CPU_LAYOUT:  # K then V by token (the identity element map)
         return [v.view(v.shape[0], v.shape[1], 2, BLOCK, HEAD)[b, :, 0, o] for v in s.views]
-    return [v[0, b, o] for v in s.views]
+    return [vllm_keys_values(v, HEAD)[0][b, o] for v in s.views]  # what FlashAttention reads
 
 
 def chunk_key(s, layer_data, t):
-    """K of the chunk's token t in read()'s token form ([T, heads, 2, head] cpu; [2, T, heads, head] nhd)."""
-    return layer_data[t, :, 0] if s.layout is CPU_LAYOUT else layer_data[0, t]
+    """K of the chunk's token t in read()'s token form ([T, heads, 2, head] cpu; [T, heads, 2 * head] packed)."""
+    return layer_data[t, :, 0] if s.layout is CPU_LAYOUT else layer_data[t, :, :HEAD]
 
 
-@pytest.mark.parametrize("layout", [CPU_LAYOUT, NHD_LAYOUT], ids=["cpu", "nhd"])
-def test_read_write_and_rearrange_are_bit_exact(layout):
-    s = store(layout)
+STORES = [(CPU_LAYOUT, "NHD")] + [(PACKED_LAYOUT, g) for g in LAYOUTS]
+STORE_IDS = ["cpu"] + [f"packed-{g}" for g in LAYOUTS]
+
+
+@pytest.mark.parametrize("layout,gpu_layout", STORES, ids=STORE_IDS)
+def test_read_write_and_rearrange_are_bit_exact(layout, gpu_layout):
+    s = store(layout, gpu_layout=gpu_layout)
     first, second = s.read(0).clone(), s.read(2).clone()
     host = s.read_host(0)
     assert host.shape[0] == LAYERS and torch.equal(host.view(torch.int16), first.view(torch.int16))
@@ -51,22 +60,30 @@ def test_read_write_and_rearrange_are_bit_exact(layout):
     assert all(torch.equal(k, chunk_key(s, first[i], 5)) for i, k in enumerate(token_keys(s, slot)))
 
 
-def test_nhd_rows_alias_the_cache():
-    """The FlashAttention-layout fast path writes into vLLM's tensors, never into a copy."""
-    s = store(NHD_LAYOUT)
-    assert s.rows is not None and all(r.data_ptr() == v.data_ptr() for r, v in zip(s.rows, s.views))
-    s.write(1, torch.zeros_like(s.read(1)))
-    assert all(not v[:, 9].any() for v in s.views)  # pool position 1 = blocks row[2:4] = 9 and 0
-    strided = PagedPoolStore([c.transpose(1, 2) for c in caches(NHD_LAYOUT)], NHD_LAYOUT, HEAD, BLOCK, CHUNK)
-    assert strided.rows is None  # not viewable as token rows: indexed by block and offset instead
+@pytest.mark.parametrize("gpu_layout", LAYOUTS)
+def test_packed_writes_land_where_flash_attention_reads(gpu_layout):
+    """A chunk written through the store is, token by token, FlashAttention's K and V view of the cache
+    (in vLLM's own tensor, never a copy), and no other slot changes."""
+    s = store(PACKED_LAYOUT, gpu_layout=gpu_layout)
+    before = [c.clone() for c in s.views]
+    data = torch.randn(s.read(1).shape, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    s.write(1, data)  # pool position 1 = offsets 32..63 = blocks row[2], row[3] = 9, 0
+    for layer, cache in enumerate(s.views):
+        keys, values = vllm_keys_values(cache, HEAD)
+        for t in range(CHUNK):
+            b, o = divmod(int(s.slots([CHUNK + t])[0]), BLOCK)
+            assert torch.equal(keys[b, o], data[layer, t, :, :HEAD]) and torch.equal(values[b, o], data[layer, t, :, HEAD:])
+        touched = torch.zeros(BLOCKS, BLOCK, dtype=torch.bool)
+        touched[[9, 0]] = True
+        old_k, old_v = vllm_keys_values(before[layer], HEAD)
+        assert torch.equal(keys[~touched], old_k[~touched]) and torch.equal(values[~touched], old_v[~touched])
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="side-stream host copies need a CUDA device")
 def test_page_out_on_the_copy_stream_survives_an_immediate_overwrite():
     """Page out, overwrite the slot on the compute stream at once, page in elsewhere: the bytes that come
     back are the ones paged out, for 50 rounds of large chunks (so copies are still in flight)."""
-    s = PagedPoolStore([torch.randn(2, 512, 16, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(36)],
-                       NHD_LAYOUT, 128, 16, 64)
+    s = PagedPoolStore([vllm_cache(512, 8, 16, 128, device="cuda") for _ in range(36)], PACKED_LAYOUT, 128, 16, 64)
     s.row = np.random.default_rng(0).permutation(512)[:128]  # 32 chunks
     for r in range(50):
         expected = s.read(r % 16).clone()
@@ -77,9 +94,9 @@ def test_page_out_on_the_copy_stream_survives_an_immediate_overwrite():
     s.synchronize()
 
 
-@pytest.mark.parametrize("layout", [CPU_LAYOUT, NHD_LAYOUT], ids=["cpu", "nhd"])
-def test_keys_at_reads_each_chunks_keys_straight_from_the_caches(layout):
-    s = store(layout)
+@pytest.mark.parametrize("layout,gpu_layout", STORES, ids=STORE_IDS)
+def test_keys_at_reads_each_chunks_keys_straight_from_the_caches(layout, gpu_layout):
+    s = store(layout, gpu_layout=gpu_layout)
     keys = s.keys_at([2, 0])  # [chunks, layers, tokens, heads, head]
     assert keys.shape == (2, LAYERS, CHUNK, HEADS, HEAD)
     for i, position in enumerate([2, 0]):

@@ -4,17 +4,15 @@ A request owns the blocks in its block-table row. Pool offset ``f`` of the reque
 slot ``row[f // block_size] * block_size + f % block_size``, the same linear slot vLLM's own slot
 mapping produces, so the pool works with any block size (chunks need not align with blocks).
 
-Each layer's cache tensor is viewed so that one (block, token) pair indexes one token's K and V
-(``TokenLayout``). Chunk data read for paging is ``[layers, tokens, ...]`` in that layout's token
-form: bytes exactly as stored, so page-out then page-in is bit-exact.
+Both layouts are a layer tensor ``[blocks, kv_heads, block_size, 2 * head]``; ``TokenLayout`` says
+where one token's K and V are in it. Chunk data read for paging is ``[layers, tokens, ...]`` in the
+layout's token form: bytes exactly as stored, so page-out then page-in is bit-exact.
 
 On a GPU, host copies run on a side stream. Page-out gathers the chunk into a staging tensor on the
 compute stream (so the slot may be overwritten right after) and copies it to pinned host memory on
 the copy stream, which the compute stream never waits for. Page-in copies host to device on the
 copy stream (after any page-out still in flight, by stream order) and the compute stream waits for
-that copy before scattering. In the FlashAttention layout a layer's gather or scatter indexes its
-token rows with one slot tensor (advanced indexing: on an H200, ``index_select`` along the token
-dimension made page-out 1.1-1.8x slower). On a GPU every layer's rows move in one Triton launch
+that copy before scattering. On a GPU every layer's tokens move in one Triton launch
 (``kernels.chunk_copy``) instead of one or two launches per layer, which left paging launch-bound.
 """
 
@@ -29,15 +27,17 @@ import torch
 
 @dataclass(frozen=True)
 class TokenLayout:
-    """How to address one token in a layer's KV cache tensor.
+    """How to address one token in a layer's KV cache tensor ``[blocks, kv_heads, block_size, 2 * head]``.
 
-    ``nhd``: FlashAttention / Triton backends, ``[2 (K, V), blocks, block, kv_heads, head]``.
+    ``packed``: vLLM's GPU backends (FLASH_ATTN, TRITON_ATTN, FLASHINFER): token ``t`` of a block is
+    ``[:, t, :head]`` (K) and ``[:, t, head:]`` (V), whatever the stride order (NHD or HND) or block
+    padding. Token form ``[T, kv_heads, 2 * head]``.
 
-    ``cpu``: vLLM's CPU backend allocates ``[blocks, kv_heads, block, 2 * head]``, but inside one
-    (block, KV head) region its kernels place elements by ISA: the ``vec`` kernels store K transposed
-    (``[head, block]``) and V by token; ``amx`` interleaves pairs. ``elements`` ([block, 2 * head],
-    found by writing probe values through vLLM's own kernel, ``worker.probe_cpu_elements``) gives
-    where token ``t``'s K (then V) elements are; ``None`` means K then V by token, row-major.
+    ``cpu``: vLLM's CPU backend; inside one (block, KV head) region its kernels place elements by ISA:
+    the ``vec`` kernels store K transposed (``[head, block]``) and V by token; ``amx`` interleaves pairs.
+    ``elements`` ([block, 2 * head], found by writing probe values through vLLM's own kernel,
+    ``worker.probe_cpu_elements``) gives where token ``t``'s K (then V) elements are; ``None`` means K
+    then V by token, row-major. Token form ``[T, kv_heads, 2, head]``.
     """
 
     name: str
@@ -53,27 +53,18 @@ def _identity_elements(block: int, head: int) -> torch.Tensor:
     return torch.cat([t * head + d, block * head + t * head + d], dim=1)
 
 
-CPU_LAYOUT, NHD_LAYOUT = TokenLayout("cpu"), TokenLayout("nhd")
+CPU_LAYOUT, PACKED_LAYOUT = TokenLayout("cpu"), TokenLayout("packed")
 
 
-def _token_rows(views: list[torch.Tensor]) -> list[torch.Tensor] | None:
-    """[2, blocks * block, heads, head] views (never copies) of FlashAttention-layout caches, or None
-    when a cache's strides do not allow one (then tokens are indexed by block and offset)."""
-    try:
-        return [v.view(v.shape[0], v.shape[1] * v.shape[2], *v.shape[3:]) for v in views]
-    except RuntimeError:
+def _mover(caches: list[torch.Tensor]):
+    """One-launch gather/scatter over every layer's cache on a GPU; None where the per-layer torch copies
+    run instead (CPU, caches that differ in strides)."""
+    if not caches or caches[0].device.type != "cuda":
         return None
-
-
-def _row_mover(rows: list[torch.Tensor] | None, device: torch.device):
-    """One-launch gather/scatter over every layer's token rows on a GPU; None where the per-layer torch
-    copies run instead (CPU, caches whose rows cannot be viewed or differ in strides)."""
-    if rows is None or not rows or device.type != "cuda":
-        return None
-    from vllm_luce.kernels.chunk_copy import LayerRows  # imports Triton: GPU only
+    from vllm_luce.kernels.chunk_copy import LayerCaches  # imports Triton: GPU only
 
     try:
-        return LayerRows(rows)
+        return LayerCaches(caches)
     except ValueError:
         return None
 
@@ -96,20 +87,19 @@ class PagedPoolStore:
     def __init__(self, caches: list[torch.Tensor], layout: TokenLayout, head_size: int, block_size: int,
                  chunk_tokens: int):
         self.layout, self.block_size, self.chunk, self.head = layout, block_size, chunk_tokens, head_size
-        cpu = layout.name == "cpu"
-        self.cache_block_size = caches[0].shape[2] if caches else block_size  # both layouts
+        self.cache_block_size = caches[0].shape[2] if caches else block_size
         self.elements = None
-        if cpu:  # one flat (block, KV head) region per index pair; tokens addressed through ``elements``
+        if layout.name == "cpu":  # one flat (block, KV head) region per index pair; tokens through ``elements``
             self.views = [c.view(c.shape[0], c.shape[1], -1) for c in caches]
             elements = layout.elements if layout.elements is not None else \
                 _identity_elements(self.cache_block_size, head_size)
             self.elements = elements.to(self.views[0].device) if self.views else elements
+            self.mover = None
         else:
             self.views = list(caches)
+            self.mover = _mover(self.views)
         self.row: np.ndarray = np.zeros(0, dtype=np.int64)  # the request's block ids, set every step
         self.device = self.views[0].device if self.views else torch.device("cpu")
-        self.rows = _token_rows(self.views) if layout.name == "nhd" else None
-        self.mover = _row_mover(self.rows, self.device)
         self.copy_stream = _copy_stream(self.device) if self.device.type == "cuda" else None
 
     def slots(self, offsets) -> np.ndarray:
@@ -125,16 +115,15 @@ class PagedPoolStore:
         return to_device_async(torch.from_numpy(self.slots(offsets)), self.device)
 
     def _index(self, slots: torch.Tensor):
-        """Index tuple of the tokens at cache ``slots``: ``[2, T, heads, head]`` in the nhd layout,
-        ``[T, 2 * head, heads]`` (through the element map) in the cpu layout."""
+        """Index tuple of the tokens at cache ``slots``: ``[T, heads, 2 * head]`` (packed),
+        ``[T, 2 * head, heads]`` through the element map (cpu)."""
         blocks, offsets = slots // self.cache_block_size, slots % self.cache_block_size
         if self.elements is None:
-            return slice(None), blocks, offsets
+            return blocks, slice(None), offsets
         return blocks[:, None], slice(None), self.elements[offsets]
 
     def _gather(self, slots: torch.Tensor) -> list[torch.Tensor]:
-        """Each layer's K and V at cache ``slots``, in token form: ``[T, heads, 2, head]`` (cpu) or
-        ``[2, T, heads, head]`` (nhd)."""
+        """Each layer's K and V at cache ``slots``, in the layout's token form."""
         if self.mover is not None:
             return list(self.mover.gather(slots))
         index = self._index(slots)
@@ -143,6 +132,9 @@ class PagedPoolStore:
         return [v[index].transpose(1, 2).reshape(len(slots), v.shape[1], 2, self.head) for v in self.views]
 
     def _scatter(self, slots: torch.Tensor, data: torch.Tensor) -> None:
+        if self.mover is not None:
+            self.mover.scatter(slots, data)
+            return
         index = self._index(slots)
         for v, d in zip(self.views, data):
             v[index] = d if self.elements is None else d.reshape(len(slots), v.shape[1], 2 * self.head).transpose(1, 2)
@@ -154,10 +146,7 @@ class PagedPoolStore:
     def read(self, position: int) -> torch.Tensor:
         if self.mover is not None:
             return self.mover.gather(self._cache_slots(position))
-        if self.rows is None:
-            return torch.stack(self._tokens(position))
-        slots = self._cache_slots(position)
-        return torch.stack([rows[:, slots] for rows in self.rows])
+        return torch.stack(self._tokens(position))
 
     def read_host(self, position: int) -> torch.Tensor:
         """``read`` copied to host memory: pinned and on the copy stream when the cache is on a GPU."""
@@ -188,16 +177,7 @@ class PagedPoolStore:
         return staged
 
     def write(self, position: int, data: torch.Tensor) -> None:
-        data = self._to_device(data)
-        if self.mover is not None:
-            self.mover.scatter(self._cache_slots(position), data)
-            return
-        if self.rows is None:
-            self._scatter(self._cache_slots(position), data)
-            return
-        slots = self._cache_slots(position)
-        for rows, d in zip(self.rows, data):
-            rows[:, slots] = d
+        self._scatter(self._cache_slots(position), self._to_device(data))
 
     def rearrange(self, moves, loads) -> None:
         staged = [(dst, self.read(src)) for dst, src in moves]  # read everything before writing
@@ -217,9 +197,9 @@ class PagedPoolStore:
         if self.mover is not None and self.mover.dtype.itemsize > 1:
             from vllm_luce.kernels.chunk_score import key_means  # imports Triton: GPU only
 
-            return key_means(self.mover, self._cache_slots(position))
+            return key_means(self.mover, self._cache_slots(position), self.head)
         return torch.stack([self._keys(t).float().mean(0) for t in self._tokens(position)])
 
     def _keys(self, tokens: torch.Tensor) -> torch.Tensor:
         """Keys [T, kv_heads, head] of a token-form gather."""
-        return tokens[:, :, 0] if self.elements is not None else tokens[0]
+        return tokens[:, :, 0] if self.elements is not None else tokens[..., :self.head]

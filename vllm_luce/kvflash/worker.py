@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from vllm_luce import metrics
-from vllm_luce.kvflash.kv_store import CPU_LAYOUT, NHD_LAYOUT, PagedPoolStore, TokenLayout, to_device_async
+from vllm_luce.kvflash.kv_store import CPU_LAYOUT, PACKED_LAYOUT, PagedPoolStore, TokenLayout, to_device_async
 from vllm_luce.kvflash.pager import PagerConfig, PagerStats, RequestPager
 from vllm_luce.kvflash.policies import make_policy
 from vllm_luce.kvflash.sfi import RequestSelection
@@ -172,7 +172,7 @@ def layout_for_backend(backend_name: str) -> TokenLayout:
     if backend_name == "CPU_ATTN":
         return CPU_LAYOUT
     if backend_name in ("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER"):
-        return NHD_LAYOUT
+        return PACKED_LAYOUT
     raise NotImplementedError(f"KVFlash: attention backend {backend_name} is not supported "
                               "(supported: CPU_ATTN, FLASH_ATTN, TRITON_ATTN, FLASHINFER)")
 

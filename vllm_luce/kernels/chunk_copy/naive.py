@@ -5,12 +5,17 @@ from __future__ import annotations
 import torch
 
 
-def gather_rows_naive(caches: list[torch.Tensor], slots: torch.Tensor) -> torch.Tensor:
-    """[layers, 2, len(slots), *row]: K and V rows ``slots`` of every layer's ``[2, rows, *row]`` cache."""
-    return torch.stack([cache[:, slots] for cache in caches])
+def _index(cache: torch.Tensor, slots: torch.Tensor):
+    """Index of the tokens at ``slots`` in a ``[blocks, kv_heads, block_size, width]`` cache."""
+    return slots // cache.shape[2], slice(None), slots % cache.shape[2]
 
 
-def scatter_rows_naive(caches: list[torch.Tensor], slots: torch.Tensor, src: torch.Tensor) -> None:
-    """Write ``src`` ([layers, 2, len(slots), *row]) into rows ``slots`` of every layer's cache."""
+def gather_tokens_naive(caches: list[torch.Tensor], slots: torch.Tensor) -> torch.Tensor:
+    """[layers, len(slots), kv_heads, width]: every layer's tokens at cache ``slots``."""
+    return torch.stack([cache[_index(cache, slots)] for cache in caches])
+
+
+def scatter_tokens_naive(caches: list[torch.Tensor], slots: torch.Tensor, src: torch.Tensor) -> None:
+    """Write ``src`` ([layers, len(slots), kv_heads, width]) into every layer's tokens at ``slots``."""
     for cache, data in zip(caches, src):
-        cache[:, slots] = data
+        cache[_index(cache, slots)] = data

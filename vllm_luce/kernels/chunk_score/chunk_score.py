@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from vllm_luce.kernels._triton import autotune, check_device
-from vllm_luce.kernels.chunk_copy import LayerRows
+from vllm_luce.kernels.chunk_copy import LayerCaches
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_HEAD_DIM = 512
@@ -68,20 +68,20 @@ def _chunk_scores_kernel(
 
 @triton.jit
 def _key_means_kernel(cache_base, layer_offsets, slots, out_ptr,
-                      stride_row, num_tokens, head_dim, stride_ol, stride_oh,
-                      BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+                      block_size, stride_block, stride_head, stride_token, num_tokens, head_dim,
+                      stride_ol, stride_oh, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     layer = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
     dims = tl.arange(0, BLOCK_D)
     dim_ok = dims < head_dim
-    keys = cache_base + tl.load(layer_offsets + layer) + head * head_dim + dims[None, :]  # K is index 0
+    keys = cache_base + tl.load(layer_offsets + layer) + head * stride_head + dims[None, :]  # K leads the row
     acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
     for start in range(0, num_tokens, BLOCK_T):
         tokens = start + tl.arange(0, BLOCK_T)
         token_ok = tokens < num_tokens
         slot = tl.load(slots + tokens, mask=token_ok, other=0).to(tl.int64)
-        acc += tl.load(keys + slot[:, None] * stride_row, mask=token_ok[:, None] & dim_ok[None, :],
-                       other=0.0).to(tl.float32)
+        where = (slot // block_size) * stride_block + (slot % block_size) * stride_token
+        acc += tl.load(keys + where[:, None], mask=token_ok[:, None] & dim_ok[None, :], other=0.0).to(tl.float32)
     mean = tl.sum(acc, axis=0) / num_tokens
     tl.store(out_ptr + layer.to(tl.int64) * stride_ol + head * stride_oh + dims, mean, mask=dim_ok)
 
@@ -119,28 +119,28 @@ def chunk_scores(queries: torch.Tensor, summaries: torch.Tensor, out: torch.Tens
     return out
 
 
-def key_means(rows: LayerRows, slots: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """[layers, kv_heads, head] fp32 (``out`` if given): the mean over ``slots`` of each layer's keys, for
-    caches viewed as ``[2, rows, kv_heads, head]`` (``key_means_naive``). One launch for all layers."""
-    if len(rows.row_shape) != 2:
-        raise ValueError(f"key_means: cache rows must be [kv_heads, head], got {list(rows.row_shape)}")
-    if rows.dtype not in _FLOAT_DTYPES:
+def key_means(caches: LayerCaches, slots: torch.Tensor, head_dim: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[layers, kv_heads, head_dim] fp32 (``out`` if given): the mean over ``slots`` of each layer's keys,
+    the first ``head_dim`` elements of each head's ``[K, V]`` row (``key_means_naive``). One launch for all
+    layers."""
+    if caches.dtype not in _FLOAT_DTYPES:
         raise TypeError(f"key_means: caches must be float32, float16 or bfloat16 (fp8 caches take the torch "
-                        f"path), got {rows.dtype}")
+                        f"path), got {caches.dtype}")
     if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64) or len(slots) == 0:
         raise ValueError(f"key_means: slots must be a non-empty 1-D int32/int64 tensor, got "
                          f"{list(slots.shape)} {slots.dtype}")
-    heads, head_dim = rows.row_shape
-    if not 0 < head_dim <= _MAX_HEAD_DIM:
-        raise ValueError(f"key_means: head size must be 1 to {_MAX_HEAD_DIM}, got {head_dim}")
-    layers = len(rows.caches)
+    if not 0 < head_dim <= min(_MAX_HEAD_DIM, caches.width):
+        raise ValueError(f"key_means: head size must be 1 to {min(_MAX_HEAD_DIM, caches.width)}, got {head_dim}")
+    layers, heads = len(caches.caches), caches.heads
     if out is None:
-        out = torch.empty(layers, heads, head_dim, dtype=torch.float32, device=rows.device)
+        out = torch.empty(layers, heads, head_dim, dtype=torch.float32, device=caches.device)
     elif tuple(out.shape) != (layers, heads, head_dim) or out.dtype != torch.float32 or out.stride(2) != 1:
         raise ValueError(f"key_means: out must be [{layers}, {heads}, {head_dim}] float32 with unit last stride, "
                          f"got {list(out.shape)} {out.dtype} strides {out.stride()}")
     block_d = triton.next_power_of_2(head_dim)
+    base = caches.base
     _key_means_kernel[(layers, heads)](
-        rows.base, rows.offsets, slots.to(rows.device), out, rows.base.stride(1), len(slots), head_dim,
-        out.stride(0), out.stride(1), BLOCK_T=max(1, min(32, 4096 // block_d)), BLOCK_D=block_d)
+        base, caches.offsets, slots.to(caches.device), out, caches.block_size, base.stride(0), base.stride(1),
+        base.stride(2), len(slots), head_dim, out.stride(0), out.stride(1),
+        BLOCK_T=max(1, min(32, 4096 // block_d)), BLOCK_D=block_d)
     return out

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from vllm_luce.kernels.chunk_copy.naive import gather_tokens_naive
+
 
 def chunk_scores_naive(queries: torch.Tensor, summaries: torch.Tensor) -> torch.Tensor:
     """queries [layers, q_heads, head], summaries [chunks, layers, kv_heads, head] -> [chunks, layers] fp32:
@@ -18,7 +20,7 @@ def chunk_scores_naive(queries: torch.Tensor, summaries: torch.Tensor) -> torch.
     return cos.amax(dim=-1)
 
 
-def key_means_naive(caches: list[torch.Tensor], slots: torch.Tensor) -> torch.Tensor:
-    """[layers, kv_heads, head] fp32: the mean over ``slots`` of every layer's keys (``cache[0]`` of a
-    ``[2, rows, kv_heads, head]`` cache)."""
-    return torch.stack([cache[0, slots].float().mean(0) for cache in caches])
+def key_means_naive(caches: list[torch.Tensor], slots: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """[layers, kv_heads, head_dim] fp32: the mean over cache ``slots`` of every layer's keys (the first
+    ``head_dim`` elements of each head's row in a ``[blocks, kv_heads, block_size, width]`` cache)."""
+    return gather_tokens_naive(caches, slots)[..., :head_dim].float().mean(1)
