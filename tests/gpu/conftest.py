@@ -76,10 +76,12 @@ def llm_args(additional_config: dict | None = None, **extra) -> dict:
 RUNNERS = {"v1": {"VLLM_USE_V2_MODEL_RUNNER": "0"}, "v2": {"VLLM_USE_V2_MODEL_RUNNER": "1"}}
 
 
-def run_engine(spec: dict, workdir: Path, *, plugins: bool = True, timeout: float = 900, **env) -> dict:
-    """Run ``tests/gpu/engine.py`` on ``spec``; the engine's report, or a failure with its log's tail."""
+def run_engine(spec: dict, workdir: Path, *, plugins: bool = True, timeout: float = 900, name: str | None = None,
+               **env) -> dict:
+    """Run ``tests/gpu/engine.py`` on ``spec``; the engine's report, or a failure with its log's tail.
+    ``name`` (default ``engine-N``, in start order) names its files; engines run side by side need one each."""
     workdir.mkdir(parents=True, exist_ok=True)
-    name = f"engine-{len(list(workdir.glob('engine-*.log')))}"
+    name = name or f"engine-{len(list(workdir.glob('engine-*.log')))}"
     spec_path, out_path, log_path = (workdir / f"{name}{s}" for s in (".json", ".out.json", ".log"))
     spec_path.write_text(json.dumps(spec))
     with open(log_path, "w") as log:

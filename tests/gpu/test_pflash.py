@@ -1,6 +1,8 @@
 """PFlash on the GPU through vLLM's defaults, with the trained hybrid target and the trained scorer: keep 1.0
 gives vLLM's tokens; keep 0.2 compresses needle prompts and the needles come back."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from tests.fixtures import needle as N
@@ -29,9 +31,11 @@ def spec(model, prompts, pflash=None):
 
 def test_keep_one_is_identical_and_compression_keeps_the_needles(trained_hybrid, cases, tmp_path):
     needles, prompts = cases
-    off = run_engine(spec(trained_hybrid, prompts), tmp_path)
-    keep1 = run_engine(spec(trained_hybrid, prompts, {"keep_ratio": 1.0}), tmp_path)
-    keep = run_engine(spec(trained_hybrid, prompts, {"keep_ratio": KEEP}), tmp_path)
+    specs = {"off": spec(trained_hybrid, prompts), "keep1": spec(trained_hybrid, prompts, {"keep_ratio": 1.0}),
+             "keep": spec(trained_hybrid, prompts, {"keep_ratio": KEEP})}
+    with ThreadPoolExecutor(len(specs)) as pool:  # side by side: a hybrid engine takes minutes to start
+        runs = {name: pool.submit(run_engine, s, tmp_path, name=name) for name, s in specs.items()}
+    off, keep1, keep = (runs[name].result() for name in specs)
     assert keep1["prompt_tokens"] == off["prompt_tokens"] and keep1["tokens"] == off["tokens"]
     found = 0
     for case, full, kept, text in zip(needles, off["prompt_tokens"], keep["prompt_tokens"], keep["texts"]):

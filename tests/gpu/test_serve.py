@@ -25,6 +25,11 @@ class GpuServer(Server):
         self.args[self.args.index("--max-model-len") + 1] = "4096"
         self.env = gpu_env()
 
+    def start(self, timeout: float = 600) -> "GpuServer":
+        """A hybrid target with DFlash and PFlash took over 240 s to become healthy beside other engines on
+        the card (vLLM's own Gated DeltaNet Triton warmup is about 90 s of it)."""
+        return super().start(timeout)
+
     def stop(self):
         super().stop()
         keep_log(self.log_path)
