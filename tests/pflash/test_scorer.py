@@ -67,3 +67,16 @@ def test_out_of_vocabulary_token_is_refused(spec):
 def test_dtype_choice():
     assert choose_dtype(torch.device("cpu")) == torch.float32
     assert choose_dtype(torch.device("cpu"), "bfloat16") == torch.bfloat16
+
+
+def test_warm_up_scores_several_sparse_blocks_on_a_gpu_only(spec, monkeypatch):
+    """The warm-up pays Triton's compile where the kernels run (CUDA) and costs nothing elsewhere."""
+    scorer = _scorer(spec)
+    lengths = []
+    monkeypatch.setattr(scorer, "token_scores", lambda ids: lengths.append((len(ids), max(ids))))
+    scorer.warm_up()
+    assert lengths == []
+    scorer.device = torch.device("cuda")  # only the warm-up's decision reads it
+    scorer.warm_up()
+    assert [n for n, _ in lengths] == list(scorer.WARM_UP_LENGTHS) and all(top < spec.vocab_size for _, top in lengths)
+    assert {n % 16 == 0 for n in scorer.WARM_UP_LENGTHS} == {True, False}

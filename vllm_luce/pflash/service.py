@@ -42,6 +42,7 @@ class PFlashService:
         self.selection = selection
         device = torch.device(device)
         self.scorer = DrafterScorer(self.spec, device, choose_dtype(device, dtype), scoring)
+        self.scorer.warm_up()
         self.bridge: TextBridge | None = None
         if has_tokenizer(self.spec) and target_tokenizer is not None:
             from transformers import AutoTokenizer
