@@ -132,6 +132,29 @@ def test_page_out_then_in_is_bit_exact_in_vllms_cache(pooled, monkeypatch):
     assert checked and all(checked)
 
 
+def test_a_long_prompts_last_token_runs_alone_after_a_reselection(pooled, monkeypatch):
+    """vllm-luce's scheduler stops the last prefill chunk one token short, and the pager reselects before
+    that token (the step that samples the first answer token); a prompt within the pool is not split."""
+    from vllm_luce.kvflash.pager import RequestPager
+
+    calls, prepare = [], RequestPager.prepare
+
+    def recording(self, start, num_new, policy, decoded=0, prompt_end=False):
+        calls.append((start, num_new, prompt_end, self.stats.reselections))
+        return prepare(self, start, num_new, policy, decoded=decoded, prompt_end=prompt_end)
+
+    monkeypatch.setattr(RequestPager, "prepare", recording)
+    n = 3 * POOL
+    greedy(pooled, [prompt(n, 7)], gen=2)
+    ends = [c for c in calls if c[2]]
+    assert len(ends) == 1 and ends[0][:2] == (n - 1, 1), calls
+    before = calls[calls.index(ends[0]) - 1]
+    assert before[0] + before[1] == n - 1 and before[3] == 0  # the prefill stopped short; no reselection yet
+    calls.clear()
+    greedy(pooled, [prompt(POOL - GEN, 8)], gen=2)
+    assert not any(c[2] for c in calls) and (POOL - GEN - 1, 1) not in [c[:2] for c in calls], calls
+
+
 def test_physical_placement_does_not_change_tokens(pooled):
     """Same prompt with the block pool's free list shuffled (other physical blocks, other order) and
     chunks relocated by compaction: the same greedy tokens."""

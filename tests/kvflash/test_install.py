@@ -9,10 +9,11 @@ from vllm_luce.kvflash.install import install_kvflash
 from vllm_luce.kvflash.settings import pager_config_from
 
 
-def vllm_config(batched=16384, scheduled=None, threshold=0, spec_tokens=None):
+def vllm_config(batched=16384, scheduled=None, threshold=0, spec_tokens=None, scheduler_cls=None, async_scheduling=False):
     spec = SimpleNamespace(num_speculative_tokens=spec_tokens) if spec_tokens else None
     return SimpleNamespace(speculative_config=spec, scheduler_config=SimpleNamespace(
-        max_num_batched_tokens=batched, max_num_scheduled_tokens=scheduled, long_prefill_token_threshold=threshold))
+        max_num_batched_tokens=batched, max_num_scheduled_tokens=scheduled, long_prefill_token_threshold=threshold,
+        scheduler_cls=scheduler_cls, async_scheduling=async_scheduling))
 
 
 def luce(pool=384):
@@ -33,3 +34,20 @@ def test_step_budget_is_capped_and_buffers_keep_their_size(scheduled):
 def test_a_pool_too_small_for_a_speculative_step_is_refused():
     with pytest.raises(LuceConfigError, match="pool_tokens: got 384"):
         install_kvflash(vllm_config(spec_tokens=200), luce())
+
+
+@pytest.mark.parametrize("current,async_scheduling,installed", [
+    (None, False, "vllm_luce.kvflash.scheduler.LuceKVFlashScheduler"),
+    ("vllm.v1.core.sched.async_scheduler.AsyncScheduler", True, "vllm_luce.kvflash.scheduler.LuceKVFlashAsyncScheduler"),
+    ("vllm_luce.spec_decode.scheduler.LuceGatedScheduler", False, "vllm_luce.spec_decode.scheduler.LuceGatedScheduler"),
+])
+def test_the_scheduler_class_carries_kvflashs_prompt_end_hook(current, async_scheduling, installed):
+    """vLLM's own class is replaced; the DFlash gate's (which has the hook too) stays."""
+    config = vllm_config(scheduler_cls=current, async_scheduling=async_scheduling)
+    install_kvflash(config, luce())
+    assert config.scheduler_config.scheduler_cls == installed
+
+
+def test_a_users_own_scheduler_class_is_refused_naming_the_flag():
+    with pytest.raises(LuceConfigError, match="--scheduler-cls my.Scheduler"):
+        install_kvflash(vllm_config(scheduler_cls="my.Scheduler"), luce())

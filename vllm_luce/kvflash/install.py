@@ -8,6 +8,8 @@ the configuration, so a bad setting stops startup there).
   token budget (``max_num_scheduled_tokens``, which the scheduler spends) is capped too. The worker's
   buffers (``max_num_batched_tokens``) keep their size: CUDA graph capture sizes and DFlash's draft slots
   are laid out from it before this runs, and capping it made capture exceed the buffers on the GPU.
+* The scheduler class carries KVFlash's hook that gives a pooled prompt's last token a step of its own
+  (``kvflash/scheduler.py``): vLLM's own class is replaced by vllm-luce's, the DFlash gate's has it.
 * Prefix caching is switched off: a pooled request's KV depends on what it paged out (with SFI, on
   how its chunks were permuted among its blocks), so it is not a function of the prefix, and vLLM's
   hybrid coordinator takes hits from the other groups alone.
@@ -53,7 +55,20 @@ def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
         raise LuceConfigError(f"luce.kvflash.pool_tokens: got {cfg.pool_tokens}; a step writes up to "
                               f"{lookahead + 1} tokens with speculation, so the pool needs at least "
                               f"{(lookahead + 1 + (cfg.sink_chunks + 2) * cfg.chunk_tokens)} tokens")
+    _install_scheduler(sched)
     sched.max_num_scheduled_tokens = min(sched.max_num_scheduled_tokens or sched.max_num_batched_tokens, step)
     if not sched.long_prefill_token_threshold or sched.long_prefill_token_threshold > step:
         sched.long_prefill_token_threshold = step
     return f"pool {cfg.pool_tokens} tokens, chunks of {cfg.chunk_tokens}, policy {kv.policy}, step <= {step} tokens"
+
+
+def _install_scheduler(sched: Any) -> None:
+    from vllm_luce.spec_decode.install import GATED_SCHEDULERS, KVFLASH_SCHEDULERS, VLLM_DEFAULT_SCHEDULERS
+
+    current = sched.scheduler_cls
+    if current in GATED_SCHEDULERS.values() or current in KVFLASH_SCHEDULERS.values():
+        return
+    if current not in VLLM_DEFAULT_SCHEDULERS:
+        raise LuceConfigError(f"--scheduler-cls {current}: KVFlash needs vllm-luce's scheduler class (it schedules "
+                              "a pooled prompt's last token alone); drop --scheduler-cls or turn luce.kvflash off")
+    sched.scheduler_cls = KVFLASH_SCHEDULERS[bool(getattr(sched, "async_scheduling", False))]

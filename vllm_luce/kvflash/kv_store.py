@@ -200,6 +200,15 @@ class PagedPoolStore:
             return key_means(self.mover, self._cache_slots(position), self.head)
         return torch.stack([self._keys(t).float().mean(0) for t in self._tokens(position)])
 
+    def key_bounds(self, position: int, page_tokens: int) -> torch.Tensor:
+        """[layers, pages, kv_heads, 2, head] in the cache dtype: per page of ``page_tokens`` of the chunk, the
+        element-wise minimum and maximum of its post-RoPE keys per KV head (exact: they are stored values)."""
+        out = []
+        for tokens in self._tokens(position):
+            keys = self._keys(tokens).unflatten(0, (-1, page_tokens))  # [pages, page, H, D]
+            out.append(torch.stack([keys.amin(1), keys.amax(1)], dim=2))
+        return torch.stack(out)
+
     def _keys(self, tokens: torch.Tensor) -> torch.Tensor:
         """Keys [T, kv_heads, head] of a token-form gather."""
         return tokens[:, :, 0] if self.elements is not None else tokens[..., :self.head]

@@ -91,6 +91,13 @@ class PoolStore(Protocol):
     def rearrange(self, moves: list[tuple[int, int]], loads: list[tuple[int, torch.Tensor]]) -> None:
         """Apply all ``(dst, src)`` position moves and ``(dst, data)`` loads as if at once."""
     def summarize(self, position: int) -> torch.Tensor: ...
+    def key_bounds(self, position: int, page_tokens: int) -> torch.Tensor: ...
+
+
+def summarize(policy, store: PoolStore, position: int) -> torch.Tensor:
+    """A full chunk's summary in the form ``policy`` scores (its ``summarize``), else the mean key."""
+    own = getattr(policy, "summarize", None)
+    return own(store, position) if own is not None else store.summarize(position)
 
 
 class TensorStore:
@@ -111,6 +118,11 @@ class TensorStore:
 
     def summarize(self, position: int) -> torch.Tensor:
         return self.data[position].float().mean(dim=-3)  # mean over the chunk's tokens
+
+    def key_bounds(self, position: int, page_tokens: int) -> torch.Tensor:
+        x = self.data[position]  # [..., tokens, H, D] -> [..., pages, H, 2 (min, max), D]
+        x = x.unflatten(-3, (-1, page_tokens))
+        return torch.stack([x.amin(dim=-3), x.amax(dim=-3)], dim=-2)
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -192,16 +204,18 @@ class RequestPager:
 
     # -------------------------------------------------------------- one step
 
-    def prepare(self, start: int, num_new: int, policy, decoded: int = 0) -> list[int]:
+    def prepare(self, start: int, num_new: int, policy, decoded: int = 0, prompt_end: bool = False) -> list[int]:
         """Make room for tokens ``start .. start + num_new - 1`` and return their pool offsets.
 
         ``start`` below the current length drops the tail (rejected drafts, or a restart after
         preemption): validity is decided by logical position, so nothing needs rolling back.
         ``decoded`` counts the new tokens that are generated (not prompt) for the tau schedule.
+        ``prompt_end``: this step computes the prompt's last token alone (``prompt_end.py``); the pager
+        reselects first, with the queries of the token before it.
         """
         self._truncate(start)
         if getattr(policy, "needs_summaries", False):
-            self._summarize_full_chunks()
+            self._summarize_full_chunks(policy)
         end_chunks = self.chunks_for(start + num_new)
         new_chunks = list(range(self.num_chunks, end_chunks))
         excess = len(self.resident) + len(new_chunks) - self.config.pool_chunks
@@ -213,10 +227,10 @@ class RequestPager:
             self.last_used[chunk] = self.num_tokens
         loads: list[tuple[int, int]] = []
         self.decoded_since_reselect += decoded
-        # The first generated token also reselects: the prompt's last query (the question) has just
-        # been seen, and chunks evicted during a long prefill may be what it asks for.
+        # The prompt's last token (scheduled alone) or else the first generated token reselects: the question
+        # has just been read, and chunks evicted during a long prefill may be what it asks for.
         first_decode = decoded > 0 and not self.stats.reselections
-        if decoded and (first_decode or self.reselect_due()):
+        if prompt_end or (decoded and (first_decode or self.reselect_due())):
             t0 = time.perf_counter()
             loads = self._reselect(policy)
             self._relayout(dict(loads))
@@ -250,11 +264,11 @@ class RequestPager:
             del self.summaries[c]  # a chunk cut to partial is re-summarised when full again
         self.num_tokens = start
 
-    def _summarize_full_chunks(self) -> None:
+    def _summarize_full_chunks(self, policy) -> None:
         full = self.num_tokens // self.config.chunk_tokens
         for chunk, position in self.stored_at.items():
             if chunk < full and chunk not in self.summaries:
-                self.summaries[chunk] = self.store.summarize(position)
+                self.summaries[chunk] = summarize(policy, self.store, position)
 
     def _evict(self, policy, count: int, num_chunks_after: int, first_written: int) -> None:
         # A chunk this step writes into (the partial one it starts in) is never the victim.

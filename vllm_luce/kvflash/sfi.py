@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_luce.kvflash.pager import PagerConfig, PagerStats, PoolStore
+from vllm_luce.kvflash.pager import PagerConfig, PagerStats, PoolStore, summarize
 
 
 @dataclass
@@ -90,12 +90,13 @@ class RequestSelection:
 
     # -------------------------------------------------------------- one step
 
-    def prepare(self, start: int, num_new: int, policy, decoded: int = 0) -> list[int]:
+    def prepare(self, start: int, num_new: int, policy, decoded: int = 0, prompt_end: bool = False) -> list[int]:
         """Register tokens ``start .. start + num_new - 1``, decide whether this step is fast, and
-        return the row offsets of the new tokens (their logical positions: the tail is in place)."""
+        return the row offsets of the new tokens (their logical positions: the tail is in place).
+        ``prompt_end`` is the pager's; SFI prefills densely, so it has nothing to reselect there."""
         self._truncate(start)
         if getattr(policy, "needs_summaries", False):  # before this step's tokens: they are not written yet
-            self._summarize_full_chunks()
+            self._summarize_full_chunks(policy)
         self.num_tokens = start + num_new
         for chunk in range(len(self.order), self.num_chunks):
             self.order.append(chunk)
@@ -136,11 +137,11 @@ class RequestSelection:
             del self.summaries[c]
         self.num_tokens = start
 
-    def _summarize_full_chunks(self) -> None:
+    def _summarize_full_chunks(self, policy) -> None:
         full = self.num_tokens // self.config.chunk_tokens
         for position, chunk in enumerate(self.order[:full]):
             if chunk not in self.summaries:
-                self.summaries[chunk] = self.store.summarize(position)
+                self.summaries[chunk] = summarize(policy, self.store, position)
 
     def _select(self, policy) -> None:
         """Score the middle chunks and move the sinks and the top ``k`` right before the tail."""

@@ -91,7 +91,8 @@ class KVFlashRuntime:
             if hi > lo:
                 start = int(positions[lo])
                 decoded = max(0, hi - lo - max(0, int(num_prompt_tokens[r]) - start))
-                offsets = pager.prepare(start, hi - lo, self.policy, decoded=decoded)
+                prompt_end = hi - lo == 1 and start + 1 == int(num_prompt_tokens[r])
+                offsets = pager.prepare(start, hi - lo, self.policy, decoded=decoded, prompt_end=prompt_end)
                 slots[lo:hi] = pager.store.slots(offsets)
             self.resident_lens[r] = pager.resident_tokens()
             self.skip_blocks[r] = pager.skipped_tokens() // self.block_size

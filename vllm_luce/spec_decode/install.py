@@ -13,6 +13,11 @@ GATED_SCHEDULERS = {
 }
 VLLM_DEFAULT_SCHEDULERS = (None, "vllm.v1.core.sched.scheduler.Scheduler",
                            "vllm.v1.core.sched.async_scheduler.AsyncScheduler")
+# KVFlash's own (the gated classes carry its hook too, so the gate may replace them)
+KVFLASH_SCHEDULERS = {
+    False: "vllm_luce.kvflash.scheduler.LuceKVFlashScheduler",
+    True: "vllm_luce.kvflash.scheduler.LuceKVFlashAsyncScheduler",
+}
 
 
 def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
@@ -33,7 +38,7 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
     current = sched.scheduler_cls
     if current in GATED_SCHEDULERS.values():
         return current
-    if current not in VLLM_DEFAULT_SCHEDULERS:
+    if current not in VLLM_DEFAULT_SCHEDULERS and current not in KVFLASH_SCHEDULERS.values():
         raise LuceConfigError(
             f"--scheduler-cls {current}: vllm-luce's DFlash gate needs its own scheduler class; drop "
             "--scheduler-cls or set --additional-config '{\"luce\": {\"dflash\": {\"gate\": false}}}'")

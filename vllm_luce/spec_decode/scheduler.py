@@ -27,6 +27,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from vllm_luce import metrics
+from vllm_luce.kvflash.scheduler import KVFlashSchedulerMixin
 from vllm_luce.log import logger, tag
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate
 
@@ -371,9 +372,9 @@ class DFlashGateMixin:
             gate.forget(req_id)
 
 
-class LuceGatedScheduler(DFlashGateMixin, Scheduler):
+class LuceGatedScheduler(KVFlashSchedulerMixin, DFlashGateMixin, Scheduler):
     pass
 
 
-class LuceGatedAsyncScheduler(DFlashGateMixin, AsyncScheduler):
+class LuceGatedAsyncScheduler(KVFlashSchedulerMixin, DFlashGateMixin, AsyncScheduler):
     pass
