@@ -7,15 +7,25 @@ import torch
 
 from tests.fixtures.vllm_kv import vllm_cache
 from vllm_luce.kvflash.kv_store import CPU_LAYOUT, PACKED_LAYOUT, PagedPoolStore
-from vllm_luce.kvflash.policies import Bounds, QK, bound_layer_scores, max_logit_layer_scores, qk_scores
+from vllm_luce.kvflash.policies import (Bounds, bound_layer_scores, max_logit_layer_scores, outward_fp8,
+                                        qk_scores)
 
 L, HQ, HKV, D, T = 3, 8, 2, 16, 64
 
 
 def bounds_of(keys, page=16):
-    """[C, L, T, Hkv, D] keys -> [C, L, pages, Hkv, 2, D] bounds (what PagedPoolStore.key_bounds stores)."""
+    """[C, L, T, Hkv, D] keys -> [C, L, pages, Hkv, 2, D] bounds, as the policy stores them (fp8, outward)."""
     keys = keys.unflatten(2, (-1, page))
-    return torch.stack([keys.amin(dim=3), keys.amax(dim=3)], dim=4)
+    return outward_fp8(torch.stack([keys.amin(dim=3), keys.amax(dim=3)], dim=4))
+
+
+def test_fp8_bounds_still_bound_every_value_tiny_huge_and_zero():
+    values = torch.tensor([0.0, 1e-30, -1e-30, 3e-6, -3e-6, 0.3, -0.3, 1.7, -1.7, 411.0, -411.0, 5e4, -5e4])
+    stored = outward_fp8(torch.stack([values, values], dim=-2)).float()
+    assert (stored[0] <= values).all() and (stored[1] >= values).all()
+    bounds = stored.T[None, None, None, :, :, None].expand(1, 1, 1, len(values), 2, 1)  # one page per value
+    scores = bound_layer_scores(torch.zeros(1, len(values), 1), bounds)  # a zero query: bound 0, or inf out of range
+    assert not scores.isnan().any()
 
 
 def test_the_bound_is_never_below_any_keys_logit():
@@ -50,4 +60,6 @@ def test_the_store_bounds_are_the_chunks_key_extremes_in_the_cache_dtype(layout)
     keys = store.keys_at([1])[0]  # [L, T, Hkv, D]
     got = store.key_bounds(1, 16)
     assert got.dtype == torch.bfloat16 and got.shape == (L, 2, HKV, 2, D)
-    assert torch.equal(got, bounds_of(keys[None])[0])
+    pages = keys.unflatten(1, (-1, 16))
+    assert torch.equal(got, torch.stack([pages.amin(dim=2), pages.amax(dim=2)], dim=3))
+    assert torch.equal(Bounds.summarize(store, 1), outward_fp8(got))
