@@ -122,11 +122,14 @@ def bound_layer_scores(queries: torch.Tensor, bounds: torch.Tensor) -> torch.Ten
     hkv = bounds.shape[3]
     if hq % hkv:
         raise ValueError(f"{hq} query heads do not group over {hkv} KV heads")
-    q = queries.float().view(1, layers, 1, hkv, hq // hkv, 1, d)
-    lo_hi = bounds.float()[:, :, :, :, None]  # [C, L, pages, Hkv, 1, 2, D]
+    q = queries.float().view(layers, hkv, hq // hkv, d)
+    lo, hi = bounds[..., 0, :].float(), bounds[..., 1, :].float()  # [C, L, pages, Hkv, D]
+    # max(q_d min_d, q_d max_d) is q_d max_d where q_d > 0, else q_d min_d: two contractions, nothing of size
+    # groups x (min, max) x D per page materialized.
+    bound = (torch.einsum("lhgd,clphd->clphg", q.clamp(min=0), hi)
+             + torch.einsum("lhgd,clphd->clphg", q.clamp(max=0), lo)) / d ** 0.5
     # A key beyond fp8's range is stored as an infinite bound; times a zero query element that is NaN: unbounded.
-    bound = (q * lo_hi).nan_to_num(nan=float("inf")).amax(dim=-2).sum(dim=-1) / d ** 0.5  # [C, L, pages, Hkv, G]
-    return bound.flatten(2).amax(dim=-1)
+    return bound.nan_to_num(nan=float("inf")).flatten(2).amax(dim=-1)
 
 
 class Scorer:
