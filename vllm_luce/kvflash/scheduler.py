@@ -34,12 +34,9 @@ class KVFlashSchedulerMixin:
         self._luce_pool_tokens = pooled_prompt_tokens(self.vllm_config)
         self._luce_vllm_aligns = self.need_mamba_block_aligned_split
         if self._luce_pool_tokens is not None:
-            from vllm_luce.patches import PatchTargetChanged, ledger_signature, signatures
+            from vllm_luce.patches import check_signature, ledger_signature
 
-            expected, actual = ledger_signature(TARGET), signatures.of_function(Scheduler._mamba_block_aligned_split)
-            if actual != expected:
-                raise PatchTargetChanged(f"{TARGET} has signature {actual}; vllm-luce expects {expected}. "
-                                         "This vLLM is not supported by vllm-luce's KVFlash.")
+            check_signature(TARGET, Scheduler._mamba_block_aligned_split, ledger_signature(TARGET))
             self.need_mamba_block_aligned_split = True
 
     def _mamba_block_aligned_split(self, request, num_new_tokens: int, num_new_local_computed_tokens: int = 0,

@@ -35,6 +35,14 @@ def ledger_signature(target: str, series: str | None = None) -> str | None:
     return entry.signature_in(series or installed_series())
 
 
+def check_signature(name: str, function: Callable, expected_signature: str) -> None:
+    """Stop with PatchTargetChanged unless ``function`` (vLLM's ``name``) has the signature the ledger records."""
+    actual = signatures.of_function(function)
+    if actual != expected_signature:
+        raise PatchTargetChanged(f"{name} has signature {actual}; vllm-luce expects {expected_signature}. "
+                                 "This vLLM is not supported by vllm-luce.")
+
+
 def wrap_method(owner: type, name: str, expected_signature: str,
                 make_wrapper: Callable[[Callable], Callable], inherited: bool = False) -> bool:
     """Replace `owner.name` by `make_wrapper(original)`; False if already done. Checks the signature.
@@ -48,11 +56,7 @@ def wrap_method(owner: type, name: str, expected_signature: str,
                                  "this vLLM is not supported by vllm-luce")
     if getattr(original, "__luce_patched__", False) and (not inherited or name in owner.__dict__):
         return False
-    actual = signatures.of_function(original)
-    if actual != expected_signature:
-        raise PatchTargetChanged(
-            f"{owner.__module__}.{owner.__qualname__}.{name} has signature {actual}; vllm-luce expects "
-            f"{expected_signature}. This vLLM is not supported by vllm-luce.")
+    check_signature(f"{owner.__module__}.{owner.__qualname__}.{name}", original, expected_signature)
     wrapper = make_wrapper(original)
     wrapper.__luce_patched__ = True
     wrapper.__wrapped__ = original
