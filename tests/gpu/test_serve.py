@@ -67,7 +67,7 @@ def test_all_features_under_vllm_serve(trained_hybrid, tmp_path, cases):
             assert full.usage.prompt_tokens == case.prompt_tokens
             assert short.usage.prompt_tokens < 0.6 * full.usage.prompt_tokens
             assert short.choices[0].text.startswith(case.answer), short.choices[0].text
-        tools = client.chat.completions.create(model="tiny", max_tokens=4, temperature=0, tools=TOOLS,
+        tools = client.chat.completions.create(model="tiny", max_tokens=4, temperature=0, tools=TOOLS, tool_choice="none",
                                                messages=[{"role": "user", "content": cases[0].prompt}])
         plain = client.chat.completions.create(model="tiny", max_tokens=4, temperature=0,
                                                messages=[{"role": "user", "content": cases[0].prompt}])
