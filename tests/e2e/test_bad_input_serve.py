@@ -128,6 +128,14 @@ def test_prompt_beyond_max_model_len_is_a_400_and_the_server_stays_up(served, cl
         # Exactly max_model_len leaves no room to generate: max_tokens is clamped to 0, then refused.
         "exactly max_model_len": (lambda: client.completions.create(model="tiny", prompt=ids[:MAX_LEN], max_tokens=4),
                                   "max_tokens must be at least 1, got 0."),
+        "luce_dflash neither on nor off": (
+            lambda: client.completions.create(model="tiny", prompt="def f():", max_tokens=4,
+                                              extra_body={"vllm_xargs": {"luce_dflash": "of"}}),
+            "vllm_xargs.luce_dflash: got 'of'; expected \"on\" or \"off\""),
+        "luce_pflash neither on nor off": (
+            lambda: client.chat.completions.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "Hi"}],
+                                                   extra_body={"vllm_xargs": {"luce_pflash": "disable"}}),
+            "vllm_xargs.luce_pflash: got 'disable'"),
     }
     for name, (attempt, expected) in attempts.items():
         with pytest.raises(openai.BadRequestError) as err:

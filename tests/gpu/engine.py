@@ -1,7 +1,7 @@
 """One vLLM engine on the GPU, run as a subprocess by the GPU tier: `python -m tests.gpu.engine SPEC OUT`.
 
 SPEC (JSON): {"model": path, "llm": {LLM keyword arguments}, "prompts": [text or token-id lists],
-"max_tokens": n, "predictable": bool (register the test-only drafter class; in-process engines only),
+"max_tokens": n, "xargs": [each prompt's vllm_xargs or null], "predictable": bool (register the test-only drafter class; in-process engines only),
 "rpc": ["kvflash"] (the workers' KVFlash totals), "kvflash_probe": bool (tests/gpu/kvflash_probe.py)}. OUT gets the greedy token ids, the serving
 class, how vLLM ran (model runner, CUDA graphs, async scheduling), vLLM's spec-decode counters and the
 vllm:luce_* metrics. Nothing here sets vLLM's runtime defaults: the spec's `llm` and the caller's
@@ -51,7 +51,9 @@ def run(spec: dict) -> dict:
 
         probe = kvflash_probe.install(llm)
     prompts = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in spec["prompts"]]
-    params = SamplingParams(max_tokens=spec.get("max_tokens", 24), temperature=0.0, ignore_eos=True)
+    xargs = spec.get("xargs") or [None] * len(prompts)  # each prompt's vllm_xargs
+    params = [SamplingParams(max_tokens=spec.get("max_tokens", 24), temperature=0.0, ignore_eos=True, extra_args=x)
+              for x in xargs]
     start = time.perf_counter()
     outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start

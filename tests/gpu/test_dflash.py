@@ -24,9 +24,9 @@ def expected(requests, tokens, vocab=1024):
     return [[(PROMPT[-1] + 50 * i + j) % vocab for j in range(1, tokens + 1)] for i in range(requests)]
 
 
-def predictable_run(pair, tmp_path, drafter, runner, *, gate, tokens=64, requests=4, **luce):
+def predictable_run(pair, tmp_path, drafter, runner, *, gate, tokens=64, requests=4, xargs=None, **luce):
     target, drafters = pair
-    spec = {"model": str(target), "predictable": True, "max_tokens": tokens,
+    spec = {"model": str(target), "predictable": True, "max_tokens": tokens, "xargs": xargs,
             "prompts": [[t + 50 * i for t in PROMPT] for i in range(requests)],
             "llm": llm_args(max_model_len=512, dtype="bfloat16",
                             speculative_config={"model": str(drafters[drafter]), "method": "dflash"},
@@ -89,3 +89,15 @@ def test_trained_hybrid_pair_gated_equals_no_speculation(trained_hybrid, tmp_pat
                                                 speculative_config={"model": "dflash"})}, tmp_path)
     assert gated["counters"].get("vllm:spec_decode_num_drafts", 0) > 0, gated["counters"]
     assert gated["tokens"] == plain["tokens"]
+
+
+@tp1_only
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_a_request_declining_speculation_uses_no_drafts_while_the_others_do(pair, tmp_path, runner):
+    """vllm_xargs luce_dflash off on two of four requests, always-right drafter: every accepted draft belongs to
+    the two others (at most 63 tokens each), and every output is unchanged."""
+    off = {"luce_dflash": "off"}
+    out = predictable_run(pair, tmp_path, "right", runner, gate=True, xargs=[off, None, off, {"luce_dflash": "on"}])
+    assert out["tokens"] == expected(4, 64)
+    stats = out["stats"]
+    assert 63 < stats["num_accepted_tokens"] == stats["num_draft_tokens"] <= 2 * 63, stats

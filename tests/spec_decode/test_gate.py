@@ -452,3 +452,14 @@ def test_plain_steps_ahead_cover_a_regime_that_runs_plain_on_an_easier_ones_verd
         skipping.skip_plain_step()
     assert simulate(skipping, 300, 30.0, 100.0, batch=16) == simulate(gate, 300, 30.0, 100.0, batch=16)
     assert any(simulate(copy.deepcopy(gate), 300, 30.0, 100.0, batch=16))  # the exploration still comes
+
+
+def test_a_declined_request_never_drafts_until_forgotten():
+    gate = calibrated_gate(0.10, 0.15)
+    gate.decline("quiet")
+    assert gate.holds_back and not gate.request_may_draft("quiet") and gate.request_may_draft("other")
+    for _ in range(3 * gate.config.retry_after):  # no retry brings it back, unlike a request the gate stopped
+        gate.decide(4, 100)
+    assert not gate.request_may_draft("quiet")
+    gate.forget("quiet")
+    assert not gate.holds_back and gate.request_may_draft("quiet")

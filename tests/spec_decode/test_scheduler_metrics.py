@@ -186,6 +186,9 @@ class _RecordingScheduler:
         return SimpleNamespace(num_spec_tokens_to_schedule=self.asked[-1], scheduled_new_reqs=[],
                                scheduled_spec_decode_tokens={}, num_scheduled_tokens={}, total_num_scheduled_tokens=0)
 
+    def add_request(self, request):
+        self.requests[request.request_id] = request
+
 
 class _Gated(S.DFlashGateMixin, _RecordingScheduler):
     pass
@@ -207,7 +210,7 @@ def _gated_scheduler(gate, running: int, waiting: int):
     sched._luce_drafts_held = sched._luce_prompt_rows = True
     sched._luce_probe, sched._luce_watch, sched._luce_watch_regime = None, {}, ()
     sched._luce_lean = sched._luce_lean_batch = 0
-    sched.reserved, sched.asked = [], []
+    sched.reserved, sched.asked, sched.requests = [], [], {}
     return sched
 
 
@@ -322,3 +325,31 @@ def test_plain_steps_ahead_are_scheduled_without_the_gate_until_the_batch_change
     sched.waiting = [object()]
     outputs.append(sched.schedule())
     assert sched._luce_lean == 0 and id(outputs[-1]) in sched._luce_scheduled_at
+
+
+def test_a_request_that_declines_speculation_verifies_no_drafts_while_the_others_do():
+    """vllm_xargs luce_dflash off: the scheduler marks the request at add_request; its drafts are dropped before
+    every step while the other requests' are verified, and a batch of only such requests runs plain."""
+    from vllm_luce.spec_decode.gate import GateConfig, SpecGate
+
+    gate = SpecGate(GateConfig(run_length=2, min_samples=1))
+    sched = _gated_scheduler(gate, running=0, waiting=0)
+    for i, xargs in enumerate(({"luce_dflash": "off"}, None, {"luce_dflash": "on"})):
+        request = SimpleNamespace(request_id=str(i), num_tokens=10, num_computed_tokens=9, max_tokens=100,
+                                  num_output_tokens=1, spec_token_ids=[], sampling_params=SimpleNamespace(extra_args=xargs))
+        sched.add_request(request)
+        sched.running.append(request)
+    assert list(sched.requests) == ["0", "1", "2"] and gate.declined == {"0"}
+    for mode, rate in ((True, 400.0), (False, 100.0)):  # speculation wins at batch 3
+        gate.observe(speculative=mode, batch_size=3, context_tokens=0, committed_tokens=int(rate), seconds=1.0)
+    for request in sched.running:
+        request.spec_token_ids = [7, 8]
+    sched.schedule()
+    assert sched.asked[-1] == 15 and [r.spec_token_ids for r in sched.running] == [[], [7, 8], [7, 8]]
+    sched.running = sched.running[:1]  # only the declining request runs: nothing may draft, the step is plain
+    sched.running[0].spec_token_ids = [7, 8]
+    sched.schedule()
+    assert sched.asked[-1] == 0 and sched.running[0].spec_token_ids == []
+    sched.requests = {}
+    sched._luce_release_finished()
+    assert gate.declined == set()

@@ -121,11 +121,12 @@ def when_imported(module_name: str, callback: Callable[[], object]) -> None:
         sys.meta_path.insert(0, _after_import)
 
 
-def apply_pflash_patches() -> None:
-    """The engine-client patches PFlash needs; applied by the VllmConfig patch only when PFlash is on."""
+def apply_engine_client_patches(pflash: bool) -> None:
+    """The engine-client patches, applied by the VllmConfig patch when the DFlash gate or PFlash is on: the
+    per-request switches' check, PFlash's prompt compression and (PFlash only) the chat request's skip reason."""
     from vllm_luce.patches import async_llm, chat_completion_request, llm_engine
 
-    for module in (async_llm, llm_engine, chat_completion_request):
+    for module in (async_llm, llm_engine) + ((chat_completion_request,) if pflash else ()):
         _apply_when_imported(module)
 
 

@@ -1,4 +1,5 @@
-"""Patch: PFlash compresses a long prompt before AsyncLLM (the API server's engine client) adds it (see LEDGER)."""
+"""Patch: check the per-request switches (`request_args`), and PFlash compresses a long prompt, before AsyncLLM
+(the API server's engine client) adds a request (see LEDGER)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ TARGET = "vllm.v1.engine.async_llm:AsyncLLM.add_request"
 def _make_wrapper(original):
     @functools.wraps(original)
     async def add_request(self, request_id, prompt, params, *args, **kwargs):
+        from vllm_luce import request_args
         from vllm_luce.pflash import frontend
 
+        request_args.check(params)  # a bad luce_dflash / luce_pflash value: vLLM answers the ValueError with a 400
         ids = frontend.ids_to_score(self, prompt, params)
         if ids is not None:
             from vllm_luce.pflash.worker import RPC

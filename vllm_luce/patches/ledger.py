@@ -432,9 +432,12 @@ LEDGER += (
                             'RequestOutputCollector'},
         module="vllm_luce.patches.async_llm",
         why="PFlash must shorten a long prompt before vLLM derives anything from it (the scheduler's KV "
-            "allocation, usage, detokenizer state), and scoring must run on the workers. vLLM has no "
-            "plugin hook on the engine-client input path.",
-        how="Applied only when luce.pflash is on. Wraps add_request: for an eligible token prompt it awaits "
+            "allocation, usage, detokenizer state), and scoring must run on the workers. A bad per-request "
+            "switch (vllm_xargs luce_dflash / luce_pflash) must be an HTTP 400 naming it, not a silent default "
+            "or an engine-core error. vLLM has no plugin hook on the engine-client input path.",
+        how="Applied when luce.pflash or the DFlash gate is on. Wraps add_request: request_args.check raises "
+            "ValueError for a switch that is neither on nor off (vLLM's servers answer it with a 400); then, "
+            "for an eligible token prompt (PFlash on), it awaits "
             "collective_rpc('luce_pflash_compress'), a method of the worker extension PFlash sets (pflash.worker.PFlashWorkerExtension), and passes the kept tokens to vLLM's own "
             "add_request; any other request, or a failed scoring pass, goes through unchanged.",
         remove_when="vLLM offers an input-processing plugin hook (e.g. an async prompt transform) on the "

@@ -1,4 +1,5 @@
-"""Patch: PFlash compresses a long prompt before LLMEngine (offline ``LLM``) adds it (see LEDGER)."""
+"""Patch: check the per-request switches (`request_args`), and PFlash compresses a long prompt, before LLMEngine
+(offline ``LLM``) adds a request (see LEDGER)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ TARGET = "vllm.v1.engine.llm_engine:LLMEngine.add_request"
 def _make_wrapper(original):
     @functools.wraps(original)
     def add_request(self, request_id, prompt, params, *args, **kwargs):
+        from vllm_luce import request_args
         from vllm_luce.pflash import frontend
 
+        request_args.check(params)  # a bad luce_dflash / luce_pflash value: vLLM answers the ValueError with a 400
         ids = frontend.ids_to_score(self, prompt, params)
         if ids is not None:
             from vllm_luce.pflash.worker import RPC

@@ -28,10 +28,10 @@ def _make_wrapper(original):
         from vllm_luce.pflash.install import install_pflash
 
         pflash = install_pflash(self, luce)
-        if pflash:
-            from vllm_luce.patches import apply_pflash_patches
+        if pflash or gated:
+            from vllm_luce.patches import apply_engine_client_patches
 
-            apply_pflash_patches()
+            apply_engine_client_patches(pflash=bool(pflash))
         global _logged
         if not _logged:
             _logged = True

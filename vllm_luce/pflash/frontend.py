@@ -11,12 +11,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_luce import metrics
+from vllm_luce import metrics, request_args
 from vllm_luce.log import logger, tag
 
-OPT_OUT_KEY = "luce_pflash"        # request opt-out: extra_body={"vllm_xargs": {"luce_pflash": "off"}}
 SKIP_KEY = "luce_pflash_skip"      # set by the chat request patch: why a request is never compressed
-_OFF = {False, 0, "0", "off", "false", "no"}
 
 
 def skip_reason(prompt: Any, params: Any, min_prompt_tokens: int) -> str | None:
@@ -28,10 +26,7 @@ def skip_reason(prompt: Any, params: Any, min_prompt_tokens: int) -> str | None:
     extra = params.extra_args or {}
     if SKIP_KEY in extra:
         return str(extra[SKIP_KEY])
-    opt = extra.get(OPT_OUT_KEY)
-    if isinstance(opt, str):
-        opt = opt.strip().lower()
-    if opt in _OFF:
+    if request_args.declined(params, request_args.PFLASH):  # extra_body={"vllm_xargs": {"luce_pflash": "off"}}
         return "opted out"
     if params.structured_outputs is not None:
         return "response format"

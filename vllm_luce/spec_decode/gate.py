@@ -117,6 +117,7 @@ class SpecGate:
         self.regimes: dict[tuple[int, int], Regime] = {}
         self.requests: dict[str, RequestState] = {}
         self.stopped: dict[str, int] = {}  # requests not drafting -> the gate step they stopped at
+        self.declined: set[str] = set()  # requests that asked for no speculation (vllm_xargs luce_dflash off)
         self.step = 0
         self.decisions = {"spec": 0, "plain": 0}
         self.explorations = 0
@@ -335,7 +336,18 @@ class SpecGate:
 
     # ------------------------------------------------------------------ per request
 
+    def decline(self, request_id: str) -> None:
+        """The request asked for no speculation: it never uses drafts, whatever the batch decides."""
+        self.declined.add(request_id)
+
+    @property
+    def holds_back(self) -> bool:
+        """Whether some request may not use its drafts (stopped by the gate, or declined)."""
+        return bool(self.stopped or self.declined)
+
     def request_may_draft(self, request_id: str) -> bool:
+        if request_id in self.declined:
+            return False
         stopped_at = self.stopped.get(request_id)
         if stopped_at is None:
             return True
@@ -360,6 +372,7 @@ class SpecGate:
     def forget(self, request_id: str) -> None:
         self.requests.pop(request_id, None)
         self.stopped.pop(request_id, None)
+        self.declined.discard(request_id)
 
     # ------------------------------------------------------------------ reporting
 

@@ -26,7 +26,7 @@ from operator import attrgetter
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from vllm_luce import metrics
+from vllm_luce import metrics, request_args
 from vllm_luce.kvflash.scheduler import KVFlashSchedulerMixin
 from vllm_luce.log import logger, tag
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate
@@ -180,6 +180,11 @@ class DFlashGateMixin:
         return bool(self.waiting) or self._luce_prompt_rows and any(
             r.num_tokens - r.num_computed_tokens > 1 for r in self.running)
 
+    def add_request(self, request) -> None:
+        if request_args.declined(request.sampling_params, request_args.DFLASH):
+            self.luce_gate.decline(request.request_id)
+        super().add_request(request)
+
     def schedule(self, *args, **kwargs):
         if self._luce_lean and not self.waiting and not self._luce_prompt_rows and len(
                 self.running) == self._luce_lean_batch:
@@ -197,7 +202,7 @@ class DFlashGateMixin:
             drop_all = planned == 0 and not gate.keeps_drafts()  # a plain step where speculation does not pay
             if drop_all and probe is not None:
                 self._luce_watch_probe(probe)
-            if drop_all or gate.stopped:  # else only a request the gate stopped loses its drafts
+            if drop_all or gate.holds_back:  # else only a request stopped or declining drafts loses them
                 for request in self.running:
                     if request.spec_token_ids and (drop_all or not gate.request_may_draft(request.request_id)):
                         request.spec_token_ids = []  # verify nothing for it this step
@@ -366,9 +371,9 @@ class DFlashGateMixin:
 
     def _luce_release_finished(self) -> None:
         gate = self.luce_gate
-        if not gate.requests:  # only requests that verified drafts have gate state
+        if not (gate.requests or gate.declined):  # only these requests have gate state
             return
-        for req_id in [r for r in gate.requests if r not in self.requests]:
+        for req_id in [r for r in (*gate.requests, *gate.declined) if r not in self.requests]:
             gate.forget(req_id)
 
 
