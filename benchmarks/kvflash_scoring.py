@@ -13,6 +13,15 @@ at 32K, 128K and 256K tokens of context: 512, 2,048 and 4,096 chunks of 64 token
 * ``summary``: one chunk's key summary over all 36 layers, ``kernels.chunk_score.key_means``
   (one launch, keys only) against the per-layer torch path (gather K and V, then mean per layer);
 plus the bandwidth the scoring kernel reaches on the summary bytes against a device copy.
+
+``bounds``, the key-bounds policy at the same contexts (fp8 e5m2 bounds ``[chunks, layers, 4 pages, 8, 2,
+128]``, 2x QK's bytes: 151, 604 and 1,208 MB):
+* ``score``: ``kernels.chunk_bounds.bound_scores`` (reads the fp8 in place) against its torch reference on
+  the same GPU (``torch_gpu``, the path before the kernel: the whole stack converted to fp32), and
+  ``Bounds.scores`` as a reselection runs it (``policy``: stack, kernel, layer max, one device-to-host copy);
+* ``summary_one_chunk``: one chunk's fp8 bounds over all 36 layers, ``kernels.chunk_bounds.key_bounds``
+  (one launch, keys only, fp8 written in the kernel) against the per-layer torch path (gather, min/max
+  per page, ``outward_fp8``); both must give the same bytes.
 """
 
 from __future__ import annotations
@@ -28,9 +37,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a script path
 from benchmarks import report  # noqa: E402
 from benchmarks.gpu_timing import copy_bandwidth, device_info, timed  # noqa: E402
+from vllm_luce.kernels.chunk_bounds import bound_scores, bound_scores_naive  # noqa: E402
 from vllm_luce.kernels.chunk_score import chunk_scores, chunk_scores_naive  # noqa: E402
 from vllm_luce.kvflash.kv_store import PACKED_LAYOUT, PagedPoolStore  # noqa: E402
-from vllm_luce.kvflash.policies import QK  # noqa: E402
+from vllm_luce.kvflash.policies import QK, Bounds, outward_fp8  # noqa: E402
 
 LAYERS, HQ, HKV, D, BLOCK, CHUNK = 36, 32, 8, 128, 16, 64
 
@@ -78,20 +88,64 @@ def scoring(contexts: list[int], reps: int) -> dict:
     return out
 
 
-def summary(blocks: int, reps: int) -> dict:
-    dev = torch.device("cuda")
-    caches = [torch.randn(blocks, BLOCK, HKV, 2 * D, device=dev, dtype=torch.bfloat16).transpose(1, 2)
-              for _ in range(LAYERS)]  # vLLM's GPU layout (NHD stride order)
+def bound_scoring(contexts: list[int], reps: int) -> dict:
+    dev, out, pages = torch.device("cuda"), {}, CHUNK // Bounds.page_tokens
+    g = torch.Generator(device=dev).manual_seed(1)
+    for context in contexts:
+        chunks = context // CHUNK
+        queries = torch.randn(LAYERS, HQ, D, device=dev, generator=g, dtype=torch.bfloat16)
+        a, b = torch.randn(2, chunks, LAYERS, pages, HKV, D, device=dev, generator=g, dtype=torch.bfloat16)
+        bounds = outward_fp8(torch.stack([torch.minimum(a, b), torch.maximum(a, b)], dim=-2))  # as the pager keeps them
+        del a, b
+        got = bound_scores(queries, bounds)
+        torch.testing.assert_close(got, bound_scores_naive(queries, bounds), atol=1e-4, rtol=1e-5)
+        pager = _Pager(queries, {c: bounds[c].clone() for c in range(chunks)})
+        ids = list(range(chunks))
+        torch.testing.assert_close(Bounds().scores(pager, ids), got.amax(-1).cpu(), atol=1e-4, rtol=1e-5)
+        ms = {"triton": timed(lambda: bound_scores(queries, bounds), reps),
+              "torch_gpu": timed(lambda: bound_scores_naive(queries, bounds), max(1, reps // 4)),
+              "policy": _host_ms(lambda: Bounds().scores(pager, ids), reps)}
+        nbytes = bounds.numel()
+        out[f"{context // 1024}K"] = {
+            "chunks": chunks, "bounds_mb": round(nbytes / 1e6, 1), "ms": {k: round(v, 4) for k, v in ms.items()},
+            "triton_GB_per_s": round(nbytes / (ms["triton"] * 1e-3) / 1e9, 1),
+            "speedup_vs_torch_gpu": round(ms["torch_gpu"] / ms["triton"], 2)}
+        del pager, bounds
+        torch.cuda.empty_cache()
+    return out
+
+
+def _stores(blocks: int) -> tuple[PagedPoolStore, PagedPoolStore]:
+    """One pool over 36 bf16 caches in vLLM's GPU layout (NHD stride order): with the one-launch mover, and
+    with the per-layer torch path."""
+    caches = [torch.randn(blocks, BLOCK, HKV, 2 * D, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+              for _ in range(LAYERS)]
     store = PagedPoolStore(caches, PACKED_LAYOUT, D, BLOCK, CHUNK)
     store.row = np.random.default_rng(0).permutation(blocks)[:256]
     torch_path = PagedPoolStore(caches, PACKED_LAYOUT, D, BLOCK, CHUNK)
     torch_path.row, torch_path.mover = store.row, None
     assert store.mover is not None, "the one-launch mover did not engage on these caches"
+    return store, torch_path
+
+
+def summary(blocks: int, reps: int) -> dict:
+    store, torch_path = _stores(blocks)
     torch.testing.assert_close(store.summarize(5), torch_path.summarize(5), atol=1e-5, rtol=1e-5)
     ms = {"key_means": timed(lambda: store.summarize(5), reps),
           "torch_per_layer": timed(lambda: torch_path.summarize(5), reps)}
     return {"ms": {k: round(v, 4) for k, v in ms.items()},
             "speedup": round(ms["torch_per_layer"] / ms["key_means"], 2)}
+
+
+def bound_summary(blocks: int, reps: int) -> dict:
+    store, torch_path = _stores(blocks)
+    page = Bounds.page_tokens
+    fused, plain = store.outward_key_bounds(5, page), torch_path.outward_key_bounds(5, page)
+    assert torch.equal(fused.view(torch.uint8), plain.view(torch.uint8)), "fp8 bounds differ from the torch path"
+    ms = {"key_bounds": timed(lambda: store.outward_key_bounds(5, page), reps),
+          "torch_per_layer": timed(lambda: torch_path.outward_key_bounds(5, page), reps)}
+    return {"ms": {k: round(v, 4) for k, v in ms.items()},
+            "speedup": round(ms["torch_per_layer"] / ms["key_bounds"], 2)}
 
 
 def main(argv=None) -> int:
@@ -105,8 +159,12 @@ def main(argv=None) -> int:
     scores = scoring(args.contexts, args.reps)
     for row in scores.values():
         row["triton_vs_copy_bandwidth"] = round(row["triton_GB_per_s"] * 1e9 / copy, 3)
+    bounds = bound_scoring(args.contexts, args.reps)
+    for row in bounds.values():
+        row["triton_vs_copy_bandwidth"] = round(row["triton_GB_per_s"] * 1e9 / copy, 3)
     result = {**device_info(), "copy_GB_per_s": round(copy / 1e9, 1), "score": scores,
-              "summary_one_chunk": summary(args.blocks, args.reps)}
+              "summary_one_chunk": summary(args.blocks, args.reps),
+              "bounds": {"score": bounds, "summary_one_chunk": bound_summary(args.blocks, args.reps)}}
     return report(result, args.json)
 
 

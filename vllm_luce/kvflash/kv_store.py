@@ -209,6 +209,18 @@ class PagedPoolStore:
             out.append(torch.stack([keys.amin(1), keys.amax(1)], dim=2))
         return torch.stack(out)
 
+    def outward_key_bounds(self, position: int, page_tokens: int) -> torch.Tensor:
+        """[layers, pages, kv_heads, 2, head] fp8 e5m2: ``key_bounds`` rounded outward (``policies.outward_fp8``),
+        the bounds policy's summary. On a GPU one launch reads only the keys and writes the fp8 bounds
+        (``kernels.chunk_bounds``, bit-identical); fp8 caches and the CPU take the per-layer torch path."""
+        if self.mover is not None and self.mover.dtype.itemsize > 1:
+            from vllm_luce.kernels.chunk_bounds import key_bounds  # imports Triton: GPU only
+
+            return key_bounds(self.mover, self._cache_slots(position), self.head, page_tokens)
+        from vllm_luce.kvflash.policies import outward_fp8
+
+        return outward_fp8(self.key_bounds(position, page_tokens))
+
     def _keys(self, tokens: torch.Tensor) -> torch.Tensor:
         """Keys [T, kv_heads, head] of a token-form gather."""
         return tokens[:, :, 0] if self.elements is not None else tokens[..., :self.head]

@@ -18,7 +18,10 @@ chunks that outscore resident ones.
   (max over each group's query heads), and its best full-attention layer. Measured through vLLM on CPU
   (trained Qwen3.6 fixture, needle prompts, pool 512): 64-token bounds kept 70% / 30-50% of the needles
   at 2K / 4K tokens, 16-token pages 75-100%; max over layers did better than the mean; fp8 (e4m3 or
-  e5m2) instead of bf16 lost nothing measurable. Summaries are 2x the bytes of QK's fp32 mean key.
+  e5m2) instead of bf16 lost nothing measurable. Summaries are 2x the bytes of QK's fp32 mean key. On a GPU,
+  as for QK, Triton kernels (``kernels.chunk_bounds``) write a chunk's fp8 bounds straight from the KV caches
+  (one launch for all layers, bit-identical to the torch path) and score the stacked fp8 bounds in place;
+  elsewhere the same math runs in torch.
 * ``Scorer``: an external per-chunk score (PFlash's drafter scorer plugs in here).
 * ``MaxLogit`` (``"attention"``, SFI only): per chunk, the largest attention logit ``q . k / sqrt(d)``
   of the current queries over the chunk's own keys (max over tokens and each group's query heads),
@@ -101,6 +104,11 @@ class Bounds(QK):
 
     @classmethod
     def summarize(cls, store, position: int) -> torch.Tensor:
+        """[layers, pages, kv_heads, 2, head] fp8: from the store's ``outward_key_bounds`` where it has one
+        (``PagedPoolStore``: one Triton launch on a GPU), else ``outward_fp8`` of its ``key_bounds``."""
+        own = getattr(store, "outward_key_bounds", None)
+        if own is not None:
+            return own(position, cls.page_tokens)
         return outward_fp8(store.key_bounds(position, cls.page_tokens))
 
     def scores(self, pager, chunks: list[int]) -> torch.Tensor:
@@ -117,19 +125,16 @@ class Bounds(QK):
 def bound_layer_scores(queries: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
     """queries [L, Hq, D], bounds [C, L, pages, Hkv, 2, D] -> [C, L] fp32: per layer, the max over pages and
     query heads of the upper bound ``sum_d max(q_d * min_d, q_d * max_d) / sqrt(D)`` on the logit of any key
-    of the page, each query head against its group's KV head."""
-    layers, hq, d = queries.shape
-    hkv = bounds.shape[3]
-    if hq % hkv:
-        raise ValueError(f"{hq} query heads do not group over {hkv} KV heads")
-    q = queries.float().view(layers, hkv, hq // hkv, d)
-    lo, hi = bounds[..., 0, :].float(), bounds[..., 1, :].float()  # [C, L, pages, Hkv, D]
-    # max(q_d min_d, q_d max_d) is q_d max_d where q_d > 0, else q_d min_d: two contractions, nothing of size
-    # groups x (min, max) x D per page materialized.
-    bound = (torch.einsum("lhgd,clphd->clphg", q.clamp(min=0), hi)
-             + torch.einsum("lhgd,clphd->clphg", q.clamp(max=0), lo)) / d ** 0.5
-    # A key beyond fp8's range is stored as an infinite bound; times a zero query element that is NaN: unbounded.
-    return bound.nan_to_num(nan=float("inf")).flatten(2).amax(dim=-1)
+    of the page, each query head against its group's KV head; a NaN bound (an infinite bound times a zero
+    query element) is +inf. The Triton kernel on a GPU (it reads the fp8 bounds in place; the torch path
+    converts them all to fp32), its torch reference elsewhere (the same semantics, tested together)."""
+    if bounds.is_cuda and len(bounds):
+        from vllm_luce.kernels.chunk_bounds import bound_scores  # imports Triton: GPU only
+
+        return bound_scores(queries, bounds)
+    from vllm_luce.kernels.chunk_bounds.naive import bound_scores_naive
+
+    return bound_scores_naive(queries, bounds)
 
 
 class Scorer:
