@@ -1,0 +1,251 @@
+"""DFlash through vLLM on the GPU against vLLM alone (issue 40, deliver 2): output tokens/s by concurrency for no
+speculation, vLLM's DFlash at fixed K, vLLM's dynamic speculation (its batch-size table) and vllm-luce's gated
+DFlash, with drafters right with probability 0, 0.5 and 0.9 per position, and an A/A control.
+
+    python -m benchmarks.dflash_gpu --json dflash_gpu.json                     # all engines, one GPU after another
+    python -m benchmarks.dflash_gpu --gpus 4 --levels 0.9 --json a.json        # engines side by side, one per GPU
+    python -m benchmarks.dflash_gpu --tiny --concurrency 1 4 --json t.json     # CPU smoke run (tiny shapes)
+
+Models (``tests/fixtures/scaled.py``): a Qwen3-8B-shaped target whose greedy next token is token + 1, and a drafter
+of z-lab's Qwen3-8B-DFlash shape whose slot k is right with probability p (so position k is accepted with p^k);
+weights are vLLM's ``dummy`` ones, every matmul at its real shape. Engines, each an offline ``LLM`` in a child
+process of its own (the test-only classes register in that process, so its engine core runs in it too):
+* ``none``, ``control``: no speculation, vLLM alone (``VLLM_PLUGINS`` empty); control over none is the A/A ratio;
+* ``fixed``: vLLM alone, DFlash with every draft verified (K = 15);
+* ``dynamic``: vLLM alone, DFlash with vLLM's ``num_speculative_tokens_per_batch_size`` (``DYNAMIC_TABLE``);
+* ``gated``: vllm-luce with its gate (the default when vLLM speculates with DFlash).
+At each concurrency c (c requests submitted together, prompts of ``--prompt-tokens`` random ids on their own
+token ranges, ``--max-tokens`` out, greedy, ``ignore_eos``) an engine runs one warm-up pass (the gate calibrates
+there), then ``--repeats`` measured passes; a cell is the median of its passes' output tokens / wall seconds,
+prefill included (1K-token prompts: a small share of 256 decode steps). Engines on different GPUs of one host are
+compared through the A/A control, which runs on its own GPU. Goals (issue 40): gated >= 0.97x the better of none
+and fixed in every cell; gated >= 3x none at concurrency 1 with p = 0.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from benchmarks.vllm_gpu_common import header
+
+MODES = ("none", "control", "fixed", "dynamic", "gated")
+VLLM_ALONE = {"none", "control", "fixed", "dynamic"}
+# vLLM's dynamic speculation is a static table of K by batch size (inclusive ranges): the full block for small
+# batches, fewer drafts as the batch grows and verification competes with other requests, none beyond 64.
+DYNAMIC_TABLE = [(1, 4, 15), (5, 16, 7), (17, 64, 3), (65, 1024, 0)]
+def prompts(concurrency: int, length: int, vocab: int, seed: int, span: int) -> list[list[int]]:
+    """Request i: ``length`` ids counting up from its own start (the predictable target's own text), starts ``span``
+    apart (prompt, output and a block of drafts): distinct anchors, independent drafts, until the vocabulary wraps
+    (the last 13 of 128 requests at the 8B shape)."""
+    starts = [(seed * 7919 + i * span) % (vocab - span) for i in range(concurrency)]
+    return [list(range(s, s + length)) for s in starts]
+
+
+# ------------------------------------------------------------------ one engine (child process)
+
+
+def measure(spec: dict) -> dict:
+    from vllm import LLM, SamplingParams
+
+    from tests.fixtures.scaled import register_scaled_models
+
+    register_scaled_models()
+    llm = LLM(model=spec["target"], load_format="dummy", seed=0, disable_log_stats=False, **spec["llm"])
+    params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True, detokenize=False)
+    vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
+    span = spec["prompt_tokens"] + spec["max_tokens"] + 32
+    cells = []
+    for c in spec["concurrency"]:
+        rates, before = [], counters(llm)
+        for i in range(1 + spec["repeats"]):
+            texts = prompts(c, spec["prompt_tokens"], vocab, i, span)
+            batch = [{"prompt_token_ids": p} for p in texts]
+            start = time.perf_counter()
+            outs = llm.generate(batch, params, use_tqdm=False)
+            seconds = time.perf_counter() - start
+            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+            if i == 0:
+                before = counters(llm)  # the warm-up pass's drafts are not this cell's
+                continue
+            rates.append(tokens / seconds)
+            expected = [[(p[-1] + j) % vocab for j in range(1, spec["max_tokens"] + 1)] for p in texts]
+            if [list(o.outputs[0].token_ids) for o in outs] != expected:
+                raise AssertionError(f"{spec['name']}: concurrency {c} pass {i} changed the output")
+        spec_counts = {k: v - before.get(k, 0) for k, v in counters(llm).items()}
+        cells.append({"concurrency": c, "tokens_per_s": statistics.median(rates), "passes": rates, **spec_counts})
+    gate = getattr(getattr(llm.llm_engine.engine_core, "engine_core", None), "scheduler", None)
+    summary = gate.luce_gate.summary() if hasattr(gate, "luce_gate") else None
+    import torch
+    import vllm
+
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    return {"cells": cells, "gate": summary, "device": device, "vllm": vllm.__version__, "torch": torch.__version__}
+
+
+def counters(llm) -> dict:
+    found = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith("vllm:spec_decode_num_") and hasattr(metric, "value"):
+            key = metric.name.removeprefix("vllm:spec_decode_")
+            found[key] = found.get(key, 0) + metric.value
+    return found
+
+
+# ------------------------------------------------------------------ the run
+
+
+def engine_specs(args, root: Path) -> list[dict]:
+    from tests.fixtures import scaled as S
+
+    shape = "tiny" if args.tiny else "qwen3-8b"
+    target = S.build_target(root / f"{shape}-target", shape)
+    max_len = args.prompt_tokens + args.max_tokens + 64
+    base = {"max_model_len": max_len, "max_num_seqs": max(args.concurrency), "dtype": "bfloat16",
+            "gpu_memory_utilization": args.gpu_share}
+    if args.tiny:
+        base = {**base, "enforce_eager": True}
+        base.pop("gpu_memory_utilization")
+    specs = []
+    for mode in args.modes:
+        for level in ([None] if mode in ("none", "control") else args.levels):
+            llm = dict(base)
+            if level is not None:
+                drafter = S.build_drafter(root / f"{shape}-drafter-{level}", target, accept=level)
+                speculative = {"model": str(drafter), "method": "dflash", "num_speculative_tokens": args.k}
+                if mode == "dynamic":
+                    speculative["num_speculative_tokens_per_batch_size"] = [list(r) for r in DYNAMIC_TABLE]
+                llm["speculative_config"] = speculative
+            if mode == "gated":
+                llm["additional_config"] = {"luce": {"dflash": {"gate": True}}}
+            name = mode if level is None else f"{mode}@{level}"
+            specs.append({"name": name, "mode": mode, "level": level, "target": str(target), "llm": llm,
+                          "plugins": mode not in VLLM_ALONE, "concurrency": args.concurrency,
+                          "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "repeats": args.repeats})
+    return specs
+
+
+def run_child(spec: dict, workdir: Path, gpu: int | None, timeout: float) -> dict:
+    path = workdir / f"{spec['name']}.json"
+    path.write_text(json.dumps(spec))
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1")
+    if not spec["plugins"]:
+        env["VLLM_PLUGINS"] = ""
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    log = workdir / f"{spec['name']}.log"
+    with open(log, "w") as out:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "benchmarks.dflash_gpu", "--child", str(path)], env=env,
+                                  stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+            status = proc.returncode
+        except subprocess.TimeoutExpired:
+            status = "timeout"
+    result_path = path.with_suffix(".out.json")
+    if status == 0 and result_path.is_file():
+        return {**json.loads(result_path.read_text()), "name": spec["name"]}
+    tail = log.read_text(errors="replace")[-2000:]
+    return {"name": spec["name"], "error": f"exit {status}", "log_tail": tail}
+
+
+def run_all(specs: list[dict], workdir: Path, gpus: int, timeout: float) -> dict:
+    """Up to ``gpus`` engines at once, each on its own GPU (one after another on one GPU or the CPU)."""
+    free = list(range(gpus)) if gpus > 0 else [None]
+
+    def one(spec):
+        gpu = free.pop()
+        try:
+            print(f"[{time.strftime('%H:%M:%S')}] {spec['name']} on GPU {gpu}", flush=True)
+            return run_child(spec, workdir, gpu, timeout)
+        finally:
+            free.append(gpu)
+
+    with ThreadPoolExecutor(max_workers=max(1, gpus)) as pool:
+        return {r["name"]: r for r in pool.map(one, specs)}
+
+
+def table(results: dict, levels: list[float], concurrency: list[int]) -> tuple[list[dict], list[str]]:
+    """One row per (level, concurrency): tokens/s of none and ratios of the others to it; the goals' verdicts."""
+    rows, misses = [], []
+
+    def rate(name, c):
+        cells = results.get(name, {}).get("cells", [])
+        return next((x["tokens_per_s"] for x in cells if x["concurrency"] == c), None)
+
+    def accepted(name, c):
+        x = next((x for x in results.get(name, {}).get("cells", []) if x["concurrency"] == c), {})
+        return round(x["num_accepted_tokens"] / x["num_drafts"], 2) if x.get("num_drafts") else None
+
+    for level in levels:
+        for c in concurrency:
+            none = rate("none", c)
+            row = {"level": level, "concurrency": c, "none_tok_s": none and round(none, 1)}
+            for mode in ("control", "fixed", "dynamic", "gated"):
+                r = rate(mode if mode == "control" else f"{mode}@{level}", c)
+                row[f"{mode}/none"] = round(r / none, 3) if r and none else None
+            row["accepted_per_draft(fixed)"] = accepted(f"fixed@{level}", c)
+            best = max(x for x in (1.0, row["fixed/none"]) if x is not None)
+            if row["gated/none"] is not None:
+                row["gated/best"] = round(row["gated/none"] / best, 3)
+                if row["gated/best"] < 0.97:
+                    misses.append(f"p={level} c={c}: gated {row['gated/best']}x the better of none and fixed")
+                if level == max(levels) and c == 1 and level >= 0.9 and row["gated/none"] < 3.0:
+                    misses.append(f"p={level} c=1: gated {row['gated/none']}x none (goal 3x)")
+            rows.append(row)
+    return rows, misses
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        spec = json.loads(Path(argv[1]).read_text())
+        Path(argv[1]).with_suffix(".out.json").write_text(json.dumps(measure(spec)))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--levels", type=float, nargs="+", default=[0.0, 0.5, 0.9])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64, 128])
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--prompt-tokens", type=int, default=1024)
+    ap.add_argument("--max-tokens", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--k", type=int, default=15)
+    ap.add_argument("--gpus", type=int, default=None, help="engines side by side, one per GPU (default: all GPUs)")
+    ap.add_argument("--gpu-share", type=float, default=0.85)
+    ap.add_argument("--timeout", type=float, default=540.0, help="seconds per engine")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes on whatever device (CPU smoke run)")
+    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("LUCE_BENCH_DIR", "/tmp/luce-dflash-gpu")))
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    if args.tiny:
+        args.prompt_tokens, args.max_tokens = min(args.prompt_tokens, 64), min(args.max_tokens, 32)
+    import torch
+
+    gpus = torch.cuda.device_count() if args.gpus is None else args.gpus
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    out = {**header(["benchmarks.dflash_gpu", *argv]), "dynamic_table": DYNAMIC_TABLE, "args": {
+        k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
+    results = run_all(engine_specs(args, args.workdir / "models"), args.workdir, gpus, args.timeout)
+    out["engines"] = results
+    out["rows"], out["goals_missed"] = table(results, args.levels, args.concurrency)
+    for row in out["rows"]:
+        print(json.dumps(row))
+    for name, r in results.items():
+        if "error" in r:
+            print(f"{name}: {r['error']}\n{r['log_tail']}")
+        elif r.get("gate"):
+            print(f"{name}: {r['gate']}")
+    print("goals missed:", out["goals_missed"] or "none")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 1 if any("error" in r for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
