@@ -125,3 +125,28 @@ def test_v2_binding_with_sfi_keeps_vllms_slots_and_starts_fast_rows_at_the_selec
     assert built.seq_lens.tolist() == [901 - skip * BS]
     assert built.block_table_tensor[0, : len(row) - skip].tolist() == row[skip:]
     assert table[0].tolist() == row + [0, 0]  # vLLM's table itself is untouched
+
+
+def test_what_attention_and_query_capture_touch_keeps_its_address_from_step_to_step():
+    """CUDA graphs replay captured addresses with no Python: the pooled seq_lens, the rows gathered and the query
+    buffers must be the same tensors every step, holding that step's values."""
+    from vllm_luce.kvflash.worker_v2 import bind_v2
+
+    runner, _ = fake_runner()
+    luce = LuceConfig.from_sources({"luce": {"kvflash": {"pool_tokens": POOL, "policy": "qk"}}}, {})
+    runtime = bind_v2(runner, luce)
+    runner.block_tables.append_block_ids(2, ([1], [9, 4, 12]), overwrite=False)
+    layer = runner.compilation_config.static_forward_context["pooled"]
+    builder = runner.attn_groups[1][0].metadata_builders[0]
+    seen, kept = [], []  # kept: each step's metadata stays alive, so a tensor made per step gets a new address
+    for start, n in ((0, 200), (200, 1), (201, 1)):
+        step(runner, start, n)
+        built = builder.build(0, CM(1, torch.tensor([start + n, 7]), start + n, n))
+        assert built.seq_lens.tolist() == [runtime.pagers["r"].resident_tokens(), 7]
+        kept.append(built)
+        query = torch.randn(n, 4, D)
+        layer.impl.forward(layer, query, None, None, None, SimpleNamespace(num_actual_tokens=n), None)
+        seen.append((built.seq_lens.data_ptr(), runtime._rows.data_ptr(), runtime._queries[0].data_ptr(), query[-1]))
+    assert len({s[:3] for s in seen}) == 1, seen
+    step(runner, 202, 1)  # the next step hands the last one's queries to the pager
+    assert torch.equal(runtime.pagers["r"].queries[0], seen[-1][3].float())

@@ -12,6 +12,13 @@ the row's first ``skipped_tokens() // block_size`` blocks).
 After the forward, the pooled layers' queries of each request's last token are kept (on the device)
 for the QK policy. Finished and preempted requests release their pagers (and host pages).
 
+CUDA graphs replay the device addresses they captured, and vLLM captures whole decode steps (FULL graphs:
+FlashAttention reads ``seq_lens`` as ``seqused_k`` inside the graph) with no Python run on replay. So every
+tensor a step's attention or query capture reads or writes lives in a buffer of fixed address that each
+step overwrites (``graph_buffer``, the rows and query buffers), never in a tensor made for the step: with
+new tensors a replayed step read the resident lengths and wrote the queries of whatever the captured
+addresses held.
+
 ``KVFlashRuntime`` holds that logic and knows nothing of a particular runner; ``bind_v1`` (here)
 and ``bind_v2`` (``worker_v2.py``) attach it to vLLM's two model runners.
 """
@@ -47,8 +54,10 @@ class KVFlashRuntime:
         self.skip_blocks = torch.zeros(max_num_reqs, dtype=torch.int64)  # SFI: leading blocks attention skips
         self.step_req_ids: list[str] = []
         self.step_last_rows: np.ndarray = np.zeros(0, dtype=np.int64)  # last token of each scheduled row
-        self.step_queries: dict[int, torch.Tensor] = {}  # pooled layer -> [rows, q_heads, head], on the device
-        self._step_rows: torch.Tensor | None = None
+        self.max_num_reqs = max_num_reqs
+        self._rows: torch.Tensor | None = None  # device [max_num_reqs]: this step's last-token rows (0 beyond)
+        self._queries: dict[int, torch.Tensor] = {}  # pooled layer -> device [max_num_reqs, q_heads, head]
+        self._buffers: dict[str, torch.Tensor] = {}  # graph_buffer's
         self.host_bytes_released = 0
         self.released = PagerStats()  # totals of released pagers
         self.host_budget = host_budget  # bytes of paged-out KV this worker may hold (None: unbounded)
@@ -99,30 +108,51 @@ class KVFlashRuntime:
         self.step_req_ids = list(req_ids)
         self.report_metrics()
         self.step_last_rows = np.asarray(query_start_loc[1: len(req_ids) + 1], dtype=np.int64) - 1
-        self._step_rows = None
+        if self._rows is not None:
+            self._load_rows()
         return slots
 
     def observe_queries(self, layer: int, query: torch.Tensor) -> None:
-        """Called by each pooled layer with its post-RoPE queries [tokens, q_heads, head] (QK, attention)."""
-        if getattr(self.policy, "needs_queries", False) and len(self.step_last_rows):
-            self.step_queries[layer] = query.index_select(0, self._last_rows_on(query.device)).detach().float()
+        """Called by each pooled layer with its post-RoPE queries [tokens, q_heads, head] (QK, attention): the
+        rows of each request's last token go to the layer's query buffer, by rows read from the rows buffer (a
+        replayed graph gathers this step's rows into the same buffer). Never waits for the forward."""
+        if not getattr(self.policy, "needs_queries", False):
+            return
+        if self._rows is None:
+            self._rows = torch.zeros(self.max_num_reqs, dtype=torch.int64, device=query.device)
+            self._load_rows()
+        buf = self._queries.get(layer)
+        if buf is None or buf.shape[1:] != query.shape[1:] or buf.dtype != query.dtype:
+            buf = self._queries[layer] = torch.zeros((self.max_num_reqs, *query.shape[1:]), dtype=query.dtype,
+                                                     device=query.device)
+        n = min(query.shape[0], self.max_num_reqs)  # a graph of n tokens holds at most n requests
+        torch.index_select(query, 0, self._rows[:n].clamp(max=query.shape[0] - 1), out=buf[:n])
 
-    def _last_rows_on(self, device: torch.device) -> torch.Tensor:
-        """This step's last-token rows on ``device``, copied once per step without blocking: queries stay on
-        the device, so capturing them never waits for the forward."""
-        rows = self._step_rows
-        if rows is None or rows.device != device:
-            rows = self._step_rows = to_device_async(torch.from_numpy(self.step_last_rows), device)
-        return rows
+    def _load_rows(self) -> None:
+        rows = torch.zeros(self.max_num_reqs, dtype=torch.int64)
+        n = min(len(self.step_last_rows), self.max_num_reqs)
+        rows[:n] = torch.from_numpy(self.step_last_rows[:n])
+        self._rows.copy_(to_device_async(rows, self._rows.device))
 
     def _collect_queries(self) -> None:
-        if not self.step_queries:
+        """The last step's queries into its requests' pagers (a copy: the buffers hold the next step's)."""
+        n = min(len(self.step_req_ids), self.max_num_reqs)
+        if not self._queries or not n:
             return
-        stacked = torch.stack([self.step_queries[k] for k in sorted(self.step_queries)], dim=1)  # [rows, L, H, D]
-        for r, req_id in enumerate(self.step_req_ids):
-            if req_id in self.pagers and r < stacked.shape[0]:
+        stacked = torch.stack([self._queries[k][:n] for k in sorted(self._queries)], dim=1).float()  # [n, L, H, D]
+        for r, req_id in enumerate(self.step_req_ids[:n]):
+            if req_id in self.pagers:
                 self.pagers[req_id].queries = stacked[r]
-        self.step_queries.clear()
+
+    def graph_buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """A tensor shaped like ``like`` at an address that stays while shapes fit (``max_num_reqs`` rows or
+        more): what attention reads under CUDA graphs."""
+        buf = self._buffers.get(name)
+        if (buf is None or buf.shape[0] < like.shape[0] or buf.shape[1:] != like.shape[1:] or buf.dtype != like.dtype
+                or buf.device != like.device):
+            buf = self._buffers[name] = torch.zeros((max(like.shape[0], self.max_num_reqs), *like.shape[1:]),
+                                                    dtype=like.dtype, device=like.device)
+        return buf[: like.shape[0]]
 
     def release(self, req_ids) -> None:
         """Forget finished or preempted requests; their totals move to ``released``. Metrics are published
@@ -326,15 +356,17 @@ class _PooledBuilder:
         return getattr(self._inner, name)
 
     def _pooled(self, cm):
-        n = cm.num_reqs
-        lens_cpu = self._runtime.resident_lens[:n]
-        lens = cm.seq_lens.clone()
-        lens[:n] = lens_cpu.to(cm.seq_lens.device, non_blocking=True)
+        n, runtime = cm.num_reqs, self._runtime
+        lens_cpu = runtime.resident_lens[:n]
+        lens = runtime.graph_buffer("seq_lens", cm.seq_lens)
+        lens.copy_(cm.seq_lens)  # rows past the batch (graph padding) as vLLM set them
+        if n:
+            lens[:n].copy_(to_device_async(lens_cpu.to(lens.dtype), lens.device))
         changes = dict(seq_lens=lens, max_seq_len=int(lens_cpu.max()) if n else 0)
-        skips = self._runtime.skip_blocks[:n]
-        if bool(skips.any()):  # SFI fast steps: those rows start at their selection's first block
-            table = cm.block_table_tensor.clone()
-            width = table.shape[1]
+        if runtime.selection == "sfi":  # fast steps: a row starts at its selection's first block
+            table = runtime.graph_buffer("block_table", cm.block_table_tensor)
+            table.copy_(cm.block_table_tensor)
+            width, skips = table.shape[1], runtime.skip_blocks[:n]
             for r in torch.nonzero(skips).flatten().tolist():
                 s = int(skips[r])
                 table[r, : width - s] = cm.block_table_tensor[r, s:]
