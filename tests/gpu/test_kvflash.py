@@ -49,3 +49,17 @@ def test_prompt_8x_the_pool_completes_within_the_pool_and_pages_bit_exact(tiny_m
 def test_hybrid_target_with_kvflash_completes_a_long_prompt(trained_hybrid, tmp_path):
     out = run_engine(spec(trained_hybrid, [prompt(8 * POOL + 100, 7)], POOL), tmp_path)
     assert len(out["tokens"][0]) == 32 and all(r["bound"] for r in out["kvflash"]), out["kvflash"]
+
+
+@pytest.mark.parametrize("runner", sorted(RUNNERS))
+def test_cuda_graphs_give_the_tokens_of_eager_mode_with_a_pool_8x_smaller(tiny_model, tmp_path, runner):
+    """A replayed decode graph reads and writes the addresses it captured: KVFlash's pooled lengths and queries
+    must follow each step there as they do eagerly. Pooled output is lossy but deterministic, so graphs and
+    enforce_eager must give the same tokens, past a decode-time reselection (every 70 tokens at this context)."""
+    prompts = [prompt(8 * POOL + 100, 8), prompt(5 * POOL, 9)]
+    graphs = spec(tiny_model("laguna"), prompts, POOL, max_tokens=96)
+    eager = {**graphs, "llm": {**graphs["llm"], "enforce_eager": True}}
+    out = [run_engine(s, tmp_path, **RUNNERS[runner]) for s in (graphs, eager)]
+    assert out[0]["cudagraph_mode"] != "NONE" and out[1]["enforce_eager"]
+    assert out[0]["tokens"] == out[1]["tokens"]
+    assert min(r["reselections"] for r in out[0]["kvflash"]) > 0, out[0]["kvflash"]
