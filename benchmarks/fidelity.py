@@ -133,16 +133,18 @@ def acceptance(llm, prompts: list[list[int]], max_tokens: int) -> dict:
             "per_position_rate": [round(p / drafts, 3) for p in per_pos]}
 
 
-def needle_accuracy(llm, tokens: int, seeds: range, depths=DEPTHS) -> dict:
+def needle_accuracy(llm, tokens: int, seeds: range, depths=DEPTHS, distractors: int = 0) -> dict:
+    """``distractors``: other needles planted at random depths (multi-needle prompts asking for one)."""
     from vllm import SamplingParams
 
     tokenizer = llm.get_tokenizer()
-    cases = N.make_cases(tokenizer, list(heldout_files()), tokens=tokens, depths=depths, seeds=seeds)
+    cases = N.make_cases(tokenizer, list(heldout_files()), tokens=tokens, depths=depths, seeds=seeds,
+                         distractors=distractors)
     params = SamplingParams(max_tokens=N.NEEDLE_DIGITS + 2, temperature=0.0)
     outs = llm.generate([c.prompt for c in cases], params, use_tqdm=False)
     hits = [N.retrieved(c, o.outputs[0].text) for c, o in zip(cases, outs)]
     by_depth = {d: sum(h for c, h in zip(cases, hits) if c.depth == d) / len(seeds) for d in depths}
-    return {"tokens": tokens, "cases": len(cases), "accuracy": round(sum(hits) / len(hits), 3),
+    return {"tokens": tokens, "cases": len(cases), "distractors": distractors, "accuracy": round(sum(hits) / len(hits), 3),
             "by_depth": {str(d): round(a, 3) for d, a in by_depth.items()},
             "mean_prompt_tokens": round(sum(c.prompt_tokens for c in cases) / len(cases))}
 

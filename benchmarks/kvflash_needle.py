@@ -4,6 +4,11 @@ pooled KV with each policy, at a fixed pool (so residency = pool / prompt length
     python -m benchmarks.kvflash_needle --tokens 2048 4096 --pool 512 --seeds 4 --json out.json
     python -m benchmarks.kvflash_needle --policies scorer   # PFlash's drafter as the KVFlash scorer
     python -m benchmarks.kvflash_needle --policies qk --selections sfi   # SFI: all KV resident, sparse decode
+    python -m benchmarks.kvflash_needle --distractors 2   # multi-needle: 3 KEY lines, the prompt asks for one
+
+Each row also gives the pagers' totals (``kvflash``): with a prompt longer than the pool, a needle outside the
+sinks and the recent chunks was paged out during prefill, so a hit there is a chunk the pool brought back
+(``page_ins``) at the reselection before the prompt's last token.
 """
 
 from __future__ import annotations
@@ -17,12 +22,13 @@ from benchmarks import fidelity as F, report
 from tests.fixtures.trained import trained_model
 
 
-def run(label: str, additional_config: dict, tokens: list[int], seeds: int, max_len: int) -> list[dict]:
+def run(label: str, additional_config: dict, tokens: list[int], seeds: int, max_len: int,
+        distractors: int = 0) -> list[dict]:
     llm = F.build_llm(max_len, additional_config=additional_config)
     rows = []
     for n in tokens:
         t0 = time.time()
-        result = F.needle_accuracy(llm, n, range(seeds))
+        result = F.needle_accuracy(llm, n, range(seeds), distractors=distractors)
         result.update(config=label, seconds=round(time.time() - t0, 1))
         rt = getattr(F.engine_runner(llm), "luce_kvflash", None)
         if rt is not None:
@@ -40,17 +46,18 @@ def main(argv=None) -> int:
     ap.add_argument("--policies", nargs="+", default=["lru", "qk"])
     ap.add_argument("--selections", nargs="+", default=["page"], choices=["page", "sfi"])
     ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--distractors", type=int, default=0, help="other needles per prompt (multi-needle)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     max_len = max(args.tokens) + 64
-    rows = run("full KV", {}, args.tokens, args.seeds, max_len)
+    rows = run("full KV", {}, args.tokens, args.seeds, max_len, args.distractors)
     for selection in args.selections:
         for policy in args.policies:
             cfg = {"luce": {"kvflash": {"pool_tokens": args.pool, "policy": policy, "selection": selection}}}
             if policy == "scorer":  # PFlash's drafter scores the chunks; prompts are not compressed
                 cfg["luce"]["pflash"] = {"drafter": str(trained_model("scorer")), "min_prompt_tokens": 1 << 30}
             label = f"pool {args.pool}, {policy}" + (", SFI" if selection == "sfi" else "")
-            rows += run(label, cfg, args.tokens, args.seeds, max_len)
+            rows += run(label, cfg, args.tokens, args.seeds, max_len, args.distractors)
     return report(rows, args.json)
 
 

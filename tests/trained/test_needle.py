@@ -1,5 +1,7 @@
 """Needle prompts (tests/fixtures/needle.py)."""
 
+import re
+
 import pytest
 
 from tests.fixtures import needle as N
@@ -41,3 +43,15 @@ def test_retrieved():
     assert N.retrieved(case, '123456"\n')
     assert not N.retrieved(case, "1234567")
     assert not N.retrieved(case, '12345"')
+
+
+def test_distractor_needles_are_planted_with_other_keys_and_the_query_asks_for_the_first(tok):
+    files = list(heldout_files())
+    single = N.make_case(tok, files, tokens=1024, depth=0.5, seed=3)
+    assert single == N.make_case(tok, files, tokens=1024, depth=0.5, seed=3, distractors=0)
+    multi = N.make_case(tok, files, tokens=1024, depth=0.5, seed=3, distractors=2)
+    keys = re.findall(r'^KEY_(\d+) = "(\d{6})"$', multi.prompt, flags=re.M)
+    asked = multi.prompt.rsplit("\n", 1)[1]
+    assert len(keys) == 3 and len({k for k, _ in keys}) == 3
+    assert asked == f'KEY_{keys[[d for _, d in keys].index(multi.answer)][0]} = "' and multi.answer == single.answer
+    assert abs(multi.prompt_tokens - 1024) < 40
