@@ -13,7 +13,7 @@ leaves fixed out (on a slow CPU, fixed DFlash on the trained pair ran at a quart
 others' speed). ``--modes none control gated`` adds ``control``, a second engine without speculation:
 its throughput over ``none``'s is an A/A ratio, the difference two identical engines show in this run.
 On the 2-core development host that ratio's median ranged 0.90-1.13 over ten cells
-(``docs/benchmarks.md``, session 31), so a gated/none median is read against it; with ``control`` the table
+(``docs/benchmarks.md``), so a gated/none median is read against it; with ``control`` the table
 also gives gated over the mean of both engines without speculation, a baseline with less bias. ``gated2`` adds a
 second gated engine: with ``control`` too, the table gives both gated engines over both plain ones, round by round
 (``pair / pair``), the ratio with the least bias this benchmark measures, and the goal is checked on it (the step-cost
