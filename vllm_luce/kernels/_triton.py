@@ -42,6 +42,16 @@ def check_device(name: str, *tensors: torch.Tensor) -> None:
         raise ValueError(f"{name}: all tensors must be on one device, got {[str(t.device) for t in tensors]}")
 
 
+def scores_out(name: str, out: torch.Tensor | None, num_chunks: int, layers: int, device: torch.device) -> torch.Tensor:
+    """The [chunks, layers] float32 output of a chunk-scoring kernel: ``out`` checked, or a new tensor."""
+    if out is None:
+        return torch.empty(num_chunks, layers, dtype=torch.float32, device=device)
+    if tuple(out.shape) != (num_chunks, layers) or out.dtype != torch.float32 or out.device != device:
+        raise ValueError(f"{name}: out must be [{num_chunks}, {layers}] float32 on {device}, "
+                         f"got {list(out.shape)} {out.dtype} on {out.device}")
+    return out
+
+
 LOG2E = 1.4426950408889634  # kernels keep logits in log2 units and use exp2
 
 

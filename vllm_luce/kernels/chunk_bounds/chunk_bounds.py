@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_luce.kernels._triton import autotune, check_device
+from vllm_luce.kernels._triton import autotune, check_device, scores_out
 from vllm_luce.kernels.chunk_copy import LayerCaches
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -189,11 +189,7 @@ def bound_scores(queries: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor 
     if not 0 < head_dim <= _MAX_HEAD_DIM:
         raise ValueError(f"bound_scores: head size must be 1 to {_MAX_HEAD_DIM}, got {head_dim}")
     check_device("bound_scores", queries, bounds)
-    if out is None:
-        out = torch.empty(num_chunks, layers, dtype=torch.float32, device=queries.device)
-    elif tuple(out.shape) != (num_chunks, layers) or out.dtype != torch.float32 or out.device != queries.device:
-        raise ValueError(f"bound_scores: out must be [{num_chunks}, {layers}] float32 on {queries.device}, "
-                         f"got {list(out.shape)} {out.dtype} on {out.device}")
+    out = scores_out("bound_scores", out, num_chunks, layers, queries.device)
     if num_chunks and layers:
         grid = lambda meta: (triton.cdiv(num_chunks, meta["BLOCK_C"]), layers)  # noqa: E731
         b = bounds.view(torch.uint8)  # the same strides: Triton loads the bytes, the kernel decodes them
