@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from vllm_luce.pflash.selection import SelectionConfig, anchor_tier, chunk_scores, merge_spans, select
+from vllm_luce.pflash.selection import SelectionConfig, anchor_chunks, anchor_tier, chunk_scores, merge_spans, select
 
 
 def _prompt(n: int, seed: int = 0, vocab: int = 1000) -> list[int]:
@@ -86,3 +87,51 @@ def test_chunk_scores_average_partial_last_chunk():
 
 def test_anchor_tiers_follow_prompt_length():
     assert anchor_tier(100) == (2, 8) and anchor_tier(1500) == (4, 16) and anchor_tier(4000) == (8, 32)
+
+
+def _anchor_chunks_reference(ids: torch.Tensor, cfg: SelectionConfig, n_chunks: int) -> list[int]:
+    """The definition, one whole-body comparison per query n-gram (what ``anchor_chunks`` computes in one pass)."""
+    n, q = cfg.anchor_ngram, cfg.anchor_query_tokens
+    body_len = ids.numel() - q
+    radius, max_hits = anchor_tier(n_chunks)
+    body, query = ids[:body_len].unfold(0, n, 1), ids[body_len:].unfold(0, n, 1)
+    seen, out = set(), {}
+    for gram in query.flip(0):
+        if tuple(gram.tolist()) in seen:
+            continue
+        seen.add(tuple(gram.tolist()))
+        hits = (body == gram).all(dim=1).nonzero().flatten().tolist()
+        if 1 <= len(hits) <= max_hits:
+            for pos in hits:
+                c = pos // cfg.chunk_tokens
+                for k in range(max(0, c - radius), min(n_chunks, c + radius + 1)):
+                    out.setdefault(k)
+    return list(out)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_anchor_chunks_match_the_definition_in_order(seed):
+    """Random prompts on a small vocabulary (many repeated 4-grams), query n-grams planted 1-40 times."""
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(3000, 9000, (1,), generator=g))
+    ids = torch.randint(0, 12 if seed % 2 else 400, (n,), generator=g)
+    cfg = SelectionConfig()
+    for _ in range(12):
+        start = int(torch.randint(n - 96, n - 4, (1,), generator=g))
+        for _ in range(int(torch.randint(1, 40, (1,), generator=g))):
+            at = int(torch.randint(0, n - 200, (1,), generator=g))
+            ids[at:at + 4] = ids[start:start + 4]
+    n_chunks = -(-n // cfg.chunk_tokens)
+    assert anchor_chunks(ids, cfg, n_chunks) == _anchor_chunks_reference(ids, cfg, n_chunks)
+
+
+def test_hash_collisions_are_not_anchors(monkeypatch):
+    """A weak key (the n-gram's first token) collides about 10 times per key here: only exact matches count."""
+    import vllm_luce.pflash.selection as selection
+
+    ids = _prompt(32 * 300, seed=4)
+    ids[32 * 137 + 5: 32 * 137 + 9] = ids[-20:-16]
+    monkeypatch.setattr(selection, "gram_keys", lambda x, n: x[:x.numel() - n + 1].long().clone())
+    t, cfg = torch.tensor(ids), SelectionConfig()
+    got = anchor_chunks(t, cfg, 300)
+    assert 137 in got and got == _anchor_chunks_reference(t, cfg, 300)
