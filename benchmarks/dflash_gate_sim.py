@@ -5,11 +5,10 @@
 Each simulated step of batch 1 takes 5 ms (plain) or ``spec_cost`` x 5 ms (speculative, committing
 ``spec_tokens``, 2 unless stated), times log-normal noise (sigma 0.15), a slow +-15% drift of the machine's
 speed and a 3% chance of a 2x hiccup. In the last two cases the text changes halfway, and with it which
-mode wins. The gate sees only clean steps (not the first of a run), as the scheduler binding does.
-Efficiency is committed tokens per second against an oracle that always runs the faster mode on the
-same noise; 1.0 means exploring and misjudging cost nothing. A probe (``SpecGate.probing``) is charged as a
-speculative step that commits one token, and its drafts match ``spec_tokens - 1`` of the tokens after it;
-the gate runs with probes (the default) and without them, on the same noise.
+mode wins. As in the scheduler binding, a plain step verifies no drafts, and the first step of a
+speculative run verifies nothing (it costs a speculative step and commits one token): the gate sees only
+the other steps. Efficiency is committed tokens per second against an oracle that always runs the faster
+mode on the same noise; 1.0 means exploring and misjudging cost nothing.
 """
 
 from __future__ import annotations
@@ -35,16 +34,13 @@ class Oracle:
     def __init__(self, phases, steps: int):
         self.phases, self.steps, self.t = phases, steps, 0
 
-    def decide(self, batch_size, context_tokens):
+    def decide(self, batch_size):
         spec_cost, spec_tokens = phase(self.phases, self.t, self.steps)
         self.t += 1
         return spec_tokens / spec_cost > 1.0
 
     def observe(self, **step):
         pass
-
-    def keeps_drafts(self):
-        return True
 
 
 def simulate(gate, phases, steps: int, seed: int) -> tuple[float, float]:
@@ -53,18 +49,15 @@ def simulate(gate, phases, steps: int, seed: int) -> tuple[float, float]:
     seconds = tokens = spec_steps = 0
     previous = None
     for t in range(steps):
-        spec = gate.decide(1, 100)
+        spec = gate.decide(1)
         spec_cost, spec_tokens = phase(phases, t, steps)
         step_s = 0.005 / (1 + 0.15 * math.sin(t / 150)) * (spec_cost if spec else 1.0) * math.exp(rnd.gauss(0, 0.15))
         if rnd.random() < 0.03:
             step_s *= 2.0
-        verifies = bool(previous) and (spec or gate.keeps_drafts())  # a plain step may drop the drafts
+        verifies = bool(previous) and spec  # a plain step drops the drafts
         committed = spec_tokens if verifies else 1
         if spec == verifies:  # a clean sample, as the scheduler binding reports it
-            gate.observe(speculative=spec, batch_size=1, context_tokens=100, committed_tokens=committed,
-                         seconds=step_s)
-        if getattr(gate, "probing", False):
-            gate.observe_probe(1, 100, spec_tokens - 1)
+            gate.observe(speculative=spec, batch_size=1, committed_tokens=committed, seconds=step_s)
         previous = spec
         seconds, tokens, spec_steps = seconds + step_s, tokens + committed, spec_steps + spec
     return spec_steps / steps, tokens / seconds
@@ -76,19 +69,14 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--explore-budget", type=float, default=GateConfig.explore_budget)
     args = ap.parse_args(argv)
-    print("| case | speculative share (min-max) | efficiency vs oracle (min / mean) | without probes (min / mean) |\n"
-          "| --- | --- | --- | --- |")
+    print("| case | speculative share (min-max) | efficiency vs oracle (min / mean) |\n| --- | --- | --- |")
     for name, phases in CASES.items():
         ideal = [simulate(Oracle(phases, args.steps), phases, args.steps, s)[1] for s in range(args.seeds)]
-        cells = []
-        for probes in (True, False):
-            config = GateConfig(explore_budget=args.explore_budget, probes=probes)
-            runs = [simulate(SpecGate(config), phases, args.steps, s) for s in range(args.seeds)]
-            eff = [r[1] / i for r, i in zip(runs, ideal)]
-            cells.append(f"{min(eff):.3f} / {sum(eff) / len(eff):.3f}")
-            if probes:
-                share = [r[0] for r in runs]
-        print(f"| {name} | {min(share):.3f}-{max(share):.3f} | {cells[0]} | {cells[1]} |")
+        config = GateConfig(explore_budget=args.explore_budget)
+        runs = [simulate(SpecGate(config), phases, args.steps, s) for s in range(args.seeds)]
+        eff = [r[1] / i for r, i in zip(runs, ideal)]
+        share = [r[0] for r in runs]
+        print(f"| {name} | {min(share):.3f}-{max(share):.3f} | {min(eff):.3f} / {sum(eff) / len(eff):.3f} |")
     return 0
 
 

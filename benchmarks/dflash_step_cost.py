@@ -9,9 +9,9 @@ orders (``round_orders``). Two ratios per process, none over gated (1.0: the gat
 
 * ``plain step``: the engines' median step times, the two of a kind summed. The gate runs almost every
   step plain on these pairs, so this is a plain step's fixed cost in a speculating engine, with the
-  rare slow step (a probe, an exploration, a hiccup of the host) left out.
+  rare slow step (an exploration, a hiccup of the host) left out.
 * ``total``: all measured step time. That is the throughput ratio (both kinds generate the same tokens),
-  with the gate's probes and explorations in it.
+  with the gate's explorations in it.
 
 Why not only ``dflash_throughput``: on the development host one engine carries a speed bias of its own
 (identical engines in one process differed by up to 13% over a run, ``docs/benchmarks.md``). Two engines

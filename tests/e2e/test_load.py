@@ -13,7 +13,7 @@ minutes do not hold it.
 DFlash is lossless too, so the all-features server is held to the same bound. Two bugs broke that
 until 2026-11-21: vLLM 0.32's CPU expand kernel corrupted every mixed greedy and sampled batch's
 verification (patches/cpu_expand_kernel.py), and held drafter writes of finished requests landed in new
-requests' Gated DeltaNet state (spec_decode/deferred_context.py).
+requests' Gated DeltaNet state (the held drafter context, removed since).
 """
 
 from __future__ import annotations

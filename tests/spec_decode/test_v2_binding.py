@@ -7,7 +7,7 @@ pin the contract instead:
 * V2's speculators compute draft logits through the drafter model's ``compute_logits``, so the
   Luce drafter class (non-finite guard, confidences) applies to V2 as well;
 * with async scheduling (V2's default) the gated async scheduler sizes its placeholders from the
-  same value, and the gate's re-checks stay exploration runs (probes read tokens a step late there).
+  same value.
 
 Not bound on V2: cutting each request's verify width (V1 only, ``patches/gpu_model_runner.py``):
 V2 keeps drafts on the GPU and verifies what it scheduled.
@@ -23,7 +23,7 @@ from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
 
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate
 from vllm_luce.spec_decode.install import GATED_SCHEDULERS
-from vllm_luce.spec_decode.scheduler import GatedLookup, LuceGatedAsyncScheduler, LuceGatedScheduler, gate_config
+from vllm_luce.spec_decode.scheduler import GatedLookup, LuceGatedAsyncScheduler, LuceGatedScheduler
 
 
 def test_v2_runner_takes_the_draft_length_from_the_scheduler():
@@ -50,13 +50,8 @@ def test_async_scheduler_sizes_placeholders_from_the_scheduled_draft_length():
 
 def test_gated_lookup_answers_the_gates_decision():
     fake = SimpleNamespace(luce_gate=SpecGate(GateConfig(run_length=2, explore_every=3, min_samples=1)),
-                           luce_max_spec_tokens=15, luce_mean_context=lambda: 2048, luce_prompt_pending=lambda: False,
-                           running=[SimpleNamespace(request_id="r", max_tokens=100, num_output_tokens=0)])
+                           luce_max_spec_tokens=15, running=[SimpleNamespace(request_id="r")], waiting=[],
+                           max_num_running_reqs=8)
     lookup = GatedLookup(fake)
     answers = [lookup[8] for _ in range(6)]
     assert set(answers) == {0, 15} and answers[:2] == [0, 0] and answers[2:4] == [15, 15]  # plain first
-
-
-def test_the_async_scheduler_re_checks_by_exploration_runs_and_the_sync_one_by_probes():
-    assert gate_config(object.__new__(LuceGatedAsyncScheduler)).probes is False
-    assert gate_config(object.__new__(LuceGatedScheduler)).probes is True

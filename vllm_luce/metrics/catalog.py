@@ -10,18 +10,15 @@ CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
     # DFlash: the gate in the engine core's scheduler
     "dflash_gate_steps": ("counter", ("mode",), "Steps the DFlash gate ran speculative (mode=spec) or plain (mode=plain)."),
     "dflash_gate_explorations": ("counter", (), "Gate steps that re-measured the mode currently losing."),
-    "dflash_gate_probes": ("counter", (), "Gate steps that drafted to check acceptance where plain decoding wins: "
-                           "the drafts are compared with the tokens committed after them, never verified."),
     "dflash_gate_speculating": ("gauge", (), "1 if the gate's latest decision was to speculate, else 0."),
     "dflash_gate_rate_tokens_per_second": (
-        "gauge", ("mode", "batch_le", "context_le_k", "with_prompt"),
-        "The gate's smoothed committed tokens per second per regime (batch size and context in K tokens, "
-        "bucketed to powers of two; with_prompt: steps that also carried prompt tokens, counted as committed) "
-        "and mode."),
+        "gauge", ("mode", "batch_le"),
+        "The gate's smoothed committed tokens per second per regime (batch size bucketed to powers of two) and mode, "
+        "over steps without prompt tokens."),
     "dflash_gate_speedup": (
-        "gauge", ("batch_le", "context_le_k", "with_prompt"),
-        "The gate's verdict per regime: speculative over plain committed-token rate, from runs of the two modes "
-        "measured back to back (speculation runs where it is at least 1)."),
+        "gauge", ("batch_le",),
+        "The gate's verdict per regime: speculative over plain committed-token rate (speculation runs where it is "
+        "at least 1)."),
     "dflash_requests_not_drafting": ("gauge", (), "Running requests whose drafting the gate stopped for low acceptance."),
     "dflash_drafts": ("counter", (), "Request verify steps (a request's drafts checked by the target once)."),
     "dflash_verified_tokens": ("counter", (), "Draft tokens sent to verification (mean verify width = this / drafts)."),

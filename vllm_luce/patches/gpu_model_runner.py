@@ -38,8 +38,6 @@ def truncate_drafts(draft_lists: list[list[int]], model) -> bool:
 def _make_wrapper(original):
     @functools.wraps(original)
     def take_draft_token_ids(self):
-        if isinstance(self._draft_token_ids, list) and not self._draft_token_ids:
-            return None  # a plain step (``gpu_model_runner_propose``): no request has drafts
         drafts = original(self)
         model = drafter_model(self)
         if drafts is not None and hasattr(model, "luce_confidence"):

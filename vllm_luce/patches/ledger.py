@@ -84,26 +84,6 @@ LEDGER: tuple[LedgerEntry, ...] = (
                     "(dynamic speculative decoding on hybrid models).",
     ),
     LedgerEntry(
-        target="vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:_cpu_gdn_attention_spec_aware",
-        signature='(layer, attn_metadata_i: GDNAttentionMetadata, mixed_qkv: torch.Tensor, b: '
-                  'torch.Tensor, a: torch.Tensor, core_attn_out: torch.Tensor, width: int, '
-                  'state_len: int) -> None',
-        module="vllm_luce.patches.cpu_gdn_nonspec",
-        why="The DFlash gate's plain steps should cost what a step without speculation costs. On hybrid targets "
-            "the Gated DeltaNet speculative path (and its metadata) cost a plain step about 0.3 ms more than a "
-            "plain engine's decode at batch 1 on CPU (cProfile). vLLM's non-speculative path in a speculating "
-            "engine decodes with its torch conv except on AMX or Arm bf16 CPUs, several times the C++ conv a "
-            "plain engine runs.",
-        how="On CPU only, wraps _cpu_gdn_attention_spec_aware: a step whose rows all decode (no prompt rows, no "
-            "drafts) runs the plain engine's decode, the conv a plain engine runs on the buffer's first width - 1 "
-            "columns and vLLM's recurrent decode kernel, on views of the layer's cache built once per binding "
-            "(vLLM's entry builds them per call, 7 us a layer). gpu_model_runner_inputs sends a draft-free step here only when "
-            "every row decodes and accepted one token last step (no state offset). Steps with prompt rows run "
-            "vLLM's code.",
-        remove_when="vLLM's CPU GDN decodes rows without drafts in a speculating engine with its C++ conv on "
-                    "every CPU that has it, or routes draft-free steps to the plain path itself.",
-    ),
-    LedgerEntry(
         target="vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:causal_conv1d_torch",
         signature='(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, '
                   'conv_states: torch.Tensor, query_start_loc: torch.Tensor, cache_indices: '
@@ -135,23 +115,9 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "the proposer and the scheduler.",
         how="Wraps take_draft_token_ids (V1 runner, which the CPU runner inherits): cuts each request's "
             "list to verify_widths() of the confidences recorded by LuceDFlashQwen3ForCausalLM in the "
-            "same step. Lists whose length does not match are left alone. A plain step's empty list of drafts "
-            "(gpu_model_runner_propose) returns None: the scheduler has nothing to update.",
+            "same step. Lists whose length does not match (a plain step's empty ones) are left alone.",
         remove_when="vLLM's V1 proposer API returns per-request draft lengths (as Model Runner V2's "
                     "adaptive verification does for DSpark).",
-    ),
-    LedgerEntry(
-        target="vllm.v1.engine.core:EngineCore.post_step",
-        signature='(self, model_executed: bool) -> None',
-        module="vllm_luce.patches.engine_core_post_step",
-        why="With synchronous scheduling the engine core asks the workers for drafts after every step of a "
-            "speculating engine, a round trip to the worker process under `vllm serve`, also after the "
-            "DFlash gate's plain steps, which draft nothing (1.2 s of an 80 s load test on CPU).",
-        how="Wraps post_step: when the gate's scheduler says the step it scheduled last drafts nothing "
-            "(luce_step_drafts False) and the core runs one step at a time (no batch queue), it returns "
-            "without asking. Every other case runs vLLM's code.",
-        remove_when="vLLM's engine core asks for drafts only after steps that scheduled some (it knows "
-                    "num_spec_tokens_to_schedule).",
     ),
     LedgerEntry(
         target="vllm.v1.spec_decode.dflash:DFlashProposer.propose",
@@ -164,104 +130,15 @@ LEDGER: tuple[LedgerEntry, ...] = (
                   'dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None=None) -> '
                   'torch.Tensor',
         module="vllm_luce.patches.dflash_proposer",
-        why="On a plain step (the gate's K = 0) vLLM's V1 DFlash proposer still runs the drafter's full "
-            "forward on the bonus token. Plain steps must cost what no speculation costs, yet the "
-            "drafter's KV must stay complete for when speculation resumes.",
+        why="On a plain step (the gate's K = 0) vLLM's V1 DFlash proposer still runs the drafter's forward on "
+            "one query per request, which reads all of the drafter's layer weights for drafts nobody asked for; "
+            "only its context pass is needed, so the drafter's KV stays complete for when speculation resumes. "
+            "On an H100 (Qwen3-8B-DFlash shape) the context pass alone took 0.11-0.15 ms of a 5.4 ms step "
+            "(docs/benchmarks.md); the drafter's layers read about 2 GB more.",
         how="Wraps propose (inherited from SpecDecodeBaseProposer, set on DFlashProposer only): with K = 0 it "
-            "runs no drafter. It keeps the step's target features, positions and drafter cache slots "
-            "(spec_decode/deferred_context.py) and returns no drafts. The next drafting step, or a full "
-            "store, first writes every held context in one pass (fc, hidden_norm, per-layer K/V), each "
-            "slot with its last write, then vLLM's own propose runs. With the copying store (GPU) a plain "
-            "step of 128 tokens or more writes at once, after what is held; the store by reference (CPU) "
-            "holds every step, and a finished request's held rows are never written (a full store that is at "
-            "most half live drops them and keeps the rest held, with no pass). On CPU the pass pads "
-            "its rows to a power of two up to 4,096 rows, to one of eight sizes per power of two beyond "
-            "(oneDNN builds a GEMM kernel per new row count).",
+            "runs the drafter's context pass (fc, hidden_norm, every layer's K/V) on the step's target "
+            "features, positions and drafter cache slots, and returns no drafts. Any other K runs vLLM's code.",
         remove_when="vLLM's DFlash proposer skips the drafter when no tokens are drafted.",
-    ),
-    LedgerEntry(
-        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.propose_draft_token_ids",
-        signature="(self, scheduler_output: 'SchedulerOutput', sampled_token_ids: torch.Tensor | "
-                  'list[list[int]], sampling_metadata: SamplingMetadata, hidden_states: '
-                  'torch.Tensor, sample_hidden_states: torch.Tensor, aux_hidden_states: '
-                  'list[torch.Tensor] | None, spec_decode_metadata: SpecDecodeMetadata | None, '
-                  'common_attn_metadata: CommonAttentionMetadata, slot_mappings: dict[str, '
-                  'torch.Tensor] | list[dict[str, torch.Tensor]] | None) -> list[list[int]] | '
-                  'torch.Tensor',
-        module="vllm_luce.patches.gpu_model_runner_propose",
-        why="On a plain step (the gate's K = 0) V1's runner still prepares the DFlash proposer's inputs "
-            "(next-token ids, valid-token counts, padded drafter metadata), which nothing reads when no draft "
-            "is made: 0.2 ms of a 5.4 ms step on CPU.",
-        how="Wraps propose_draft_token_ids (V1 runner, which the CPU runner inherits): with K = 0, a DFlash "
-            "drafter, a padded drafter batch and no asynchronous speculative decoding (the only reader of the "
-            "counts), it holds the step's context directly (every scheduled token's features, positions and "
-            "slots: what vLLM's path passes) and returns no drafts as an empty list (V1 then skips copying an "
-            "empty draft tensor to the host). On CPU the features are held as the step's own tensors, not "
-            "copied (read: vLLM's choice of target layers, through _get_eagle3_aux_layers_from_config; "
-            "anything unexpected keeps the copying store). Every other step runs vLLM's code.",
-        remove_when="V1's runner skips proposer input preparation on steps that draft nothing.",
-    ),
-    LedgerEntry(
-        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs",
-        signature="(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: np.ndarray) "
-                  '-> tuple[torch.Tensor, SpecDecodeMetadata | None, int]',
-        per_series={"0.26": "(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: "
-                            'np.ndarray) -> tuple[torch.Tensor, SpecDecodeMetadata | None]'},
-        module="vllm_luce.patches.gpu_model_runner_inputs",
-        why="V1's runner builds speculative metadata and samples through the rejection sampler on every step "
-            "of a speculating engine, including the DFlash gate's plain steps, which verify and draft nothing.",
-        how="Wraps _prepare_inputs: on a step with no draft to verify, K = 0 and the plain-step proposer path "
-            "(gpu_model_runner_propose), it runs vLLM's own code with the speculative config hidden, so the "
-            "step gets one logit per request, no speculative metadata and the plain sampler; the Gated DeltaNet "
-            "draft counts are then set as vLLM sets them for a step without drafts (when one of vLLM's "
-            "recurrent-state metadata builders reads them). Every other step runs vLLM's code.",
-        remove_when="V1's model runner takes its plain input path on steps without drafts.",
-    ),
-    LedgerEntry(
-        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._preprocess",
-        signature="(self, scheduler_output: 'SchedulerOutput', num_input_tokens: int, "
-                  'intermediate_tensors: IntermediateTensors | None=None) -> tuple[torch.Tensor |'
-                  ' None, torch.Tensor | None, torch.Tensor, IntermediateTensors | None, '
-                  'dict[str, Any], ECConnectorOutput | None]',
-        module="vllm_luce.patches.gpu_model_runner_preprocess",
-        why="V1's runner clamps every step's input ids of a speculating engine (asynchronous scheduling leaves "
-            "-1 at draft positions), including the DFlash gate's plain steps, which have no draft position: "
-            "9 us of a 1.6 ms step on CPU.",
-        how="Wraps _preprocess: the step that gpu_model_runner_inputs prepared on the plain path runs vLLM's "
-            "own code with the speculative config hidden, as an engine without speculation does. Every other "
-            "step runs vLLM's code.",
-        remove_when="V1's runner clamps input ids only on steps with draft positions.",
-    ),
-    LedgerEntry(
-        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.sample_tokens",
-        signature="(self, grammar_output: 'GrammarOutput | None') -> ModelRunnerOutput | "
-                  'AsyncModelRunnerOutput | IntermediateTensors',
-        module="vllm_luce.patches.gpu_model_runner_sample",
-        why="After sampling, V1's runner runs its speculative block on every step of a speculating engine "
-            "(drafter fit and kind checks, the call into the proposer, the draft copy for the scheduler), "
-            "including the DFlash gate's plain steps, which only hold the drafter's context: 18 us of a "
-            "1.6 ms step on CPU.",
-        how="Wraps sample_tokens: with synchronous scheduling, the step that gpu_model_runner_inputs prepared "
-            "on the plain path runs vLLM's own code with the speculative config hidden (one token per request, "
-            "plain bookkeeping, no drafts for the scheduler), then holds the step's drafter context from the "
-            "step state vLLM kept (as gpu_model_runner_propose does), records one accepted token per request "
-            "on hybrid targets (what vLLM's update records for rows of one token: the input batch's host counts "
-            "and the device counts) and finalizes the KV connector. "
-            "Every other step runs vLLM's code.",
-        remove_when="V1's runner skips its speculative block on steps that draft nothing.",
-    ),
-    LedgerEntry(
-        target="vllm.v1.sample.rejection_sampler:RejectionSampler.forward",
-        signature='(self, metadata: SpecDecodeMetadata, draft_probs: torch.Tensor | None, logits:'
-                  ' torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput',
-        module="vllm_luce.patches.rejection_sampler",
-        why="V1's model runner sends every step of a speculating engine through the rejection sampler, "
-            "including the DFlash gate's plain steps, which verify no draft. There it costs the rejection "
-            "kernels, a float32 copy of the logits and full-vocabulary log-probabilities for nothing.",
-        how="Wraps forward: a step with no drafts, no log-probabilities requested and no synthetic acceptance "
-            "makes the bonus draw directly (the same sampler call on the bonus logits: the same tokens). "
-            "Every other step runs vLLM's code.",
-        remove_when="V1's model runner samples draft-free steps without the rejection sampler.",
     ),
     LedgerEntry(
         target="vllm._custom_ops:rms_norm",
@@ -396,20 +273,6 @@ LEDGER += (
             "alignment runs where vLLM wanted it, then a chunk that would end a prefill longer than the pool "
             "with more than one token stops one token short. The signature is checked when the scheduler starts.",
         remove_when="vLLM offers a per-request prefill chunking hook for plugins.",
-    ),
-    LedgerEntry(
-        target="vllm.v1.core.kv_cache_coordinator:replay_boundaries",
-        signature='(num_prompt_tokens: int, scheduler_block_size: int, use_eagle: bool) -> '
-                  'tuple[int, ...]',
-        per_series={"0.26": None},
-        module="vllm_luce.patches.kv_cache_coordinator",
-        why="The scheduler calls it for every scheduled request on every step, prefix caching on or off. With "
-            "a DFlash (EAGLE-family) drafter it sorts a new set each time: measured at batch 64 on CPU, "
-            "145 us a step more than without a drafter (7 us cached), paid by every plain step the DFlash "
-            "gate runs.",
-        how="Replaces the module function by an lru_cache of it (4,096 entries): the answer is an immutable "
-            "tuple that depends only on its three integer arguments.",
-        remove_when="vLLM computes the boundaries once per request, or only where prefix caching reads them.",
     ),
     LedgerEntry(
         target="vllm.v1.engine.async_llm:AsyncLLM.add_request",
