@@ -121,7 +121,7 @@ def engine_specs(args, root: Path) -> list[dict]:
                 drafter = S.build_drafter(root / f"{shape}-drafter-{level}", target, accept=level)
                 speculative = {"model": str(drafter), "method": "dflash", "num_speculative_tokens": args.k}
                 if mode == "dynamic":
-                    speculative["num_speculative_tokens_per_batch_size"] = [list(r) for r in DYNAMIC_TABLE]
+                    speculative["num_speculative_tokens_per_batch_size"] = [list(r) for r in args.dynamic_table]
                 llm["speculative_config"] = speculative
             if mode == "gated":
                 llm["additional_config"] = {"luce": {"dflash": {"gate": True}}}
@@ -216,6 +216,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--k", type=int, default=15)
+    ap.add_argument("--dynamic-table", type=json.loads, default=DYNAMIC_TABLE,
+                    help='the dynamic mode\'s table as JSON, e.g. "[[1, 1024, 0]]": K = 0 at every batch size measures '
+                         'what a plain step costs inside a speculative engine')
     ap.add_argument("--gpus", type=int, default=None, help="engines side by side, one per GPU (default: all GPUs)")
     ap.add_argument("--gpu-share", type=float, default=0.85)
     ap.add_argument("--timeout", type=float, default=540.0, help="seconds per engine")
@@ -229,7 +232,7 @@ def main(argv=None) -> int:
 
     gpus = torch.cuda.device_count() if args.gpus is None else args.gpus
     args.workdir.mkdir(parents=True, exist_ok=True)
-    out = {**header(["benchmarks.dflash_gpu", *argv]), "dynamic_table": DYNAMIC_TABLE, "args": {
+    out = {**header(["benchmarks.dflash_gpu", *argv]), "dynamic_table": args.dynamic_table, "args": {
         k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     results = run_all(engine_specs(args, args.workdir / "models"), args.workdir, gpus, args.timeout)
     out["engines"] = results

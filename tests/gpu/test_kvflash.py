@@ -52,14 +52,22 @@ def test_hybrid_target_with_kvflash_completes_a_long_prompt(trained_hybrid, tmp_
 
 
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
-def test_cuda_graphs_give_the_tokens_of_eager_mode_with_a_pool_8x_smaller(tiny_model, tmp_path, runner):
+def test_cuda_graphs_give_the_tokens_of_graphless_steps_with_a_pool_8x_smaller(tiny_model, tmp_path, runner):
     """A replayed decode graph reads and writes the addresses it captured: KVFlash's pooled lengths and queries
-    must follow each step there as they do eagerly. Pooled output is lossy but deterministic, so graphs and
-    enforce_eager must give the same tokens, past a decode-time reselection (every 70 tokens at this context)."""
-    prompts = [prompt(8 * POOL + 100, 8), prompt(5 * POOL, 9)]
-    graphs = spec(tiny_model("laguna"), prompts, POOL, max_tokens=96)
-    eager = {**graphs, "llm": {**graphs["llm"], "enforce_eager": True}}
-    out = [run_engine(s, tmp_path, **RUNNERS[runner]) for s in (graphs, eager)]
-    assert out[0]["cudagraph_mode"] != "NONE" and out[1]["enforce_eager"]
-    assert out[0]["tokens"] == out[1]["tokens"]
-    assert min(r["reselections"] for r in out[0]["kvflash"]) > 0, out[0]["kvflash"]
+    must follow each step there as they do without graphs. Pooled output is lossy but deterministic, so the same
+    compiled model with and without CUDA graphs must give the same tokens, past a decode-time reselection (every
+    70 tokens at this context). ``enforce_eager`` is no reference: it also turns torch.compile off, whose other
+    bf16 rounding flips this random model's near-tied tokens (on an H200 they parted after 11 tokens). vLLM alone,
+    with and without graphs, is the control that the comparison can see a difference at all."""
+    model, prompts = tiny_model("laguna"), [prompt(8 * POOL + 100, 8), prompt(5 * POOL, 9)]
+    out = {}
+    for pool in (None, POOL):
+        graphs = spec(model, prompts, pool, max_tokens=96)
+        graphless = {**graphs, "llm": {**graphs["llm"], "compilation_config": {"cudagraph_mode": "NONE"}}}
+        out[pool] = [run_engine(s, tmp_path, **RUNNERS[runner]) for s in (graphs, graphless)]
+        assert out[pool][0]["cudagraph_mode"] != "NONE" and out[pool][1]["cudagraph_mode"] == "NONE"
+    assert out[None][0]["tokens"] == out[None][1]["tokens"], "vLLM alone differs with and without graphs here"
+    kv_graphs, kv_graphless = out[POOL]
+    assert kv_graphs["tokens"] == kv_graphless["tokens"]
+    assert kv_graphs["tokens"] != out[None][0]["tokens"], "the pool changed nothing: the test pages nothing"
+    assert min(r["reselections"] for r in kv_graphs["kvflash"]) > 0, kv_graphs["kvflash"]

@@ -76,7 +76,7 @@ def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
-def _copy_stream(device: torch.device) -> torch.cuda.Stream:
+def copy_stream_for(device: torch.device) -> torch.cuda.Stream:
     """One side stream per device for every request's host copies."""
     return torch.cuda.Stream(device)
 
@@ -100,7 +100,8 @@ class PagedPoolStore:
             self.mover = _mover(self.views)
         self.row: np.ndarray = np.zeros(0, dtype=np.int64)  # the request's block ids, set every step
         self.device = self.views[0].device if self.views else torch.device("cpu")
-        self.copy_stream = _copy_stream(self.device) if self.device.type == "cuda" else None
+        self.copy_stream = copy_stream_for(self.device) if self.device.type == "cuda" else None
+        self.host_pool = None  # (shape, dtype) -> a PinnedChunkPool for page-outs (the runtime's, shared)
 
     def slots(self, offsets) -> np.ndarray:
         """Linear cache slots of pool offsets (what vLLM's slot mapping holds)."""
@@ -153,7 +154,8 @@ class PagedPoolStore:
         data = self.read(position)  # a fresh tensor: the slot may be overwritten once this is queued
         if self.copy_stream is None:
             return data
-        host = torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
+        pool = self.host_pool(tuple(data.shape), data.dtype) if self.host_pool is not None else None
+        host = pool.take() if pool is not None else torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
         self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.copy_stream):
             host.copy_(data, non_blocking=True)

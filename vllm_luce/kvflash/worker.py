@@ -33,7 +33,9 @@ import numpy as np
 import torch
 
 from vllm_luce import metrics
-from vllm_luce.kvflash.kv_store import CPU_LAYOUT, PACKED_LAYOUT, PagedPoolStore, TokenLayout, to_device_async
+from vllm_luce.kvflash.host_pool import PinnedChunkPool
+from vllm_luce.kvflash.kv_store import (CPU_LAYOUT, PACKED_LAYOUT, PagedPoolStore, TokenLayout, copy_stream_for,
+                                       to_device_async)
 from vllm_luce.kvflash.pager import PagerConfig, PagerStats, RequestPager
 from vllm_luce.kvflash.policies import make_policy
 from vllm_luce.kvflash.sfi import RequestSelection
@@ -63,11 +65,13 @@ class KVFlashRuntime:
         self.host_budget = host_budget  # bytes of paged-out KV this worker may hold (None: unbounded)
         self.metric_labels = metric_labels or {}
         self._reported_at = 0.0
+        self._host_pools: dict[tuple, PinnedChunkPool] = {}
 
     def pager(self, req_id: str) -> RequestPager | RequestSelection:
         pager = self.pagers.get(req_id)
         if pager is None:
             store = PagedPoolStore(self.caches, self.layout, self.head_size, self.block_size, self.config.chunk_tokens)
+            store.host_pool = self.host_pool
             if self.selection == "sfi":
                 pager = RequestSelection(self.config, store, align_tokens=self.block_size)
             else:
@@ -78,6 +82,13 @@ class KVFlashRuntime:
                 pager.host_allowance = functools.partial(self._host_allowance, pager)
         return pager
 
+    def host_pool(self, shape: tuple[int, ...], dtype: torch.dtype) -> PinnedChunkPool:
+        """The worker's pinned pool for chunks of ``shape``, shared by its requests and kept between them."""
+        pool = self._host_pools.get((shape, dtype))
+        if pool is None:
+            pool = self._host_pools[(shape, dtype)] = PinnedChunkPool(shape, dtype, copy_stream_for(self.caches[0].device))
+        return pool
+
     def _host_allowance(self, pager: RequestPager, nbytes: int) -> bool:
         if self.host_bytes() + nbytes <= self.host_budget:
             return True
@@ -87,10 +98,11 @@ class KVFlashRuntime:
                            self.host_budget, getattr(pager, "req_id", "?"))
         return False
 
-    def plan(self, req_ids: list[str], query_start_loc: np.ndarray, positions: np.ndarray, rows: np.ndarray,
+    def plan(self, req_ids: list[str], query_start_loc: np.ndarray, starts: np.ndarray, rows: np.ndarray,
              num_blocks: np.ndarray, num_prompt_tokens: np.ndarray) -> np.ndarray:
-        """Run every scheduled request's pager for this step; returns the slot mapping of the step's
-        tokens (int64, one per token) and fills ``resident_lens``."""
+        """Run every scheduled request's pager for this step (``starts``: each request's first scheduled
+        position); returns the slot mapping of the step's tokens (int64, one per token) and fills
+        ``resident_lens``."""
         self._collect_queries()
         slots = np.full(int(query_start_loc[len(req_ids)]), -1, dtype=np.int64)
         for r, req_id in enumerate(req_ids):
@@ -98,7 +110,7 @@ class KVFlashRuntime:
             pager = self.pager(req_id)
             pager.store.row = rows[r, : num_blocks[r]]
             if hi > lo:
-                start = int(positions[lo])
+                start = int(starts[r])
                 decoded = max(0, hi - lo - max(0, int(num_prompt_tokens[r]) - start))
                 prompt_end = hi - lo == 1 and start + 1 == int(num_prompt_tokens[r])
                 offsets = pager.prepare(start, hi - lo, self.policy, decoded=decoded, prompt_end=prompt_end)
@@ -172,6 +184,10 @@ class KVFlashRuntime:
 
     def host_bytes(self) -> int:
         return sum(p.host_bytes() for p in self.pagers.values())
+
+    def pinned_bytes(self) -> int:
+        """Host memory pinned for page-outs: the pools' slabs, in use or kept for later requests."""
+        return sum(pool.pinned_bytes for pool in self._host_pools.values())
 
     def stats(self) -> dict[str, float]:
         keys = ("page_outs", "page_ins", "bytes_out", "bytes_in", "moves", "reselections", "dropped", "reselect_s",
@@ -336,8 +352,13 @@ def _bind_slot_mapping(runner, block_table, runtime: KVFlashRuntime) -> None:
 
     def compute_slot_mapping(num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:
         batch = runner.input_batch
-        qsl = query_start_loc.cpu().numpy()
-        slots = runtime.plan(batch.req_ids[:num_reqs], qsl, positions.cpu().numpy(), block_table.block_table.np,
+        qsl = runner.query_start_loc.np[: num_reqs + 1]
+        if getattr(runner, "use_async_spec_decode", False):  # the host's counts assume every draft accepted
+            first = np.minimum(qsl[:-1], max(positions.shape[0] - 1, 0))
+            starts = positions.cpu().numpy()[first]
+        else:  # from the host: reading the GPU's positions waited for the step in flight (no async overlap)
+            starts = batch.num_computed_tokens_cpu[:num_reqs]
+        slots = runtime.plan(batch.req_ids[:num_reqs], qsl, starts, block_table.block_table.np,
                              block_table.num_blocks_per_row, batch.num_prompt_tokens)
         n = len(slots)
         block_table.slot_mapping.np[:n] = slots

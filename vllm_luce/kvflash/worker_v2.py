@@ -56,7 +56,9 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
         for r, i in enumerate(req_indices):
             row = rows.get(int(i), [])
             table[r, : len(row)], counts[r] = row, len(row)
-        slots = runtime.plan(req_ids, query_start_loc.cpu().numpy(), positions.cpu().numpy(), table, counts,
+        qsl = query_start_loc.cpu().numpy()
+        first = np.minimum(qsl[:-1], max(positions.shape[0] - 1, 0))
+        slots = runtime.plan(req_ids, qsl, positions.cpu().numpy()[first], table, counts,
                              runner.req_states.prompt_len.np[req_indices])
         slot_mappings[gid, : len(slots)] = torch.from_numpy(slots).to(slot_mappings.device)
         return slot_mappings
