@@ -138,8 +138,9 @@ def run_child(spec: dict, workdir: Path, gpu: int | None, timeout: float) -> dic
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1")
     if not spec["plugins"]:
         env["VLLM_PLUGINS"] = ""
-    if gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    if gpu is not None:  # the gpu-th of the devices this process may use
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)
     log = workdir / f"{spec['name']}.log"
     with open(log, "w") as out:
         try:
