@@ -82,6 +82,22 @@ class KVFlashRuntime:
                 pager.host_allowance = functools.partial(self._host_allowance, pager)
         return pager
 
+    def warm_up(self) -> None:
+        """On a GPU, at startup: page one chunk of vLLM's null block (block 0) out and back in, so that the first
+        long prompt neither compiles the paging kernels nor pins the first host slab."""
+        if not self.caches or self.caches[0].device.type != "cuda" or self.selection == "sfi":
+            return
+        store = PagedPoolStore(self.caches, self.layout, self.head_size, self.block_size, self.config.chunk_tokens)
+        store.host_pool = self.host_pool
+        store.row = np.zeros(-(-self.config.chunk_tokens // self.block_size), dtype=np.int64)
+        try:
+            host = store.read_host(0)
+            store.synchronize()
+            store.write(0, host)  # the same bytes back
+            torch.cuda.synchronize(self.caches[0].device)
+        except Exception as error:  # noqa: BLE001 - a slower first page-out, not a reason to stop the server
+            logger.warning("%s: KVFlash: paging warm-up failed (the first page-out compiles instead): %s", tag(), error)
+
     def host_pool(self, shape: tuple[int, ...], dtype: torch.dtype) -> PinnedChunkPool:
         """The worker's pinned pool for chunks of ``shape``, shared by its requests and kept between them."""
         pool = self._host_pools.get((shape, dtype))
@@ -303,6 +319,7 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
         _capture_queries(forward_context[name], index, runtime)
     _bind_release(runner, runtime)
     runner.luce_kvflash = runtime
+    runtime.warm_up()
     logger.info("%s: KVFlash on %d layers (group %d, block %d): %s %d tokens in chunks of %d, policy %s, "
                 "host budget %.1f GiB", tag(), len(group.layer_names), gid, block_table.block_size,
                 "SFI, decode attends to" if runtime.selection == "sfi" else "pool", cfg.pool_tokens,

@@ -82,6 +82,7 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
     for index, name in enumerate(group.layer_names):
         _capture_queries(forward_context[name], index, runtime)
     runner.luce_kvflash = runtime
+    runtime.warm_up()
     logger.info("%s: KVFlash (Model Runner V2) on %d layers, pool %d tokens", tag(), len(group.layer_names),
                 runtime.config.pool_tokens)
     return runtime
