@@ -102,11 +102,11 @@ def root_cause(log: str) -> str:
     return causes[-1][:400] if causes else "?"
 
 
-def run_alone_or_skip(spec: dict, workdir: Path, runner: str, **env) -> dict:
+def run_alone_or_skip(spec: dict, workdir: Path, runner: str, name: str | None = None, **env) -> dict:
     """vLLM alone on ``runner`` ("v1" or "v2"); the test is skipped, naming vLLM's reason, where vLLM itself
     does not run this model or feature on that runner."""
     try:
-        return run_engine(spec, workdir, plugins=False, **RUNNERS[runner], **env)
+        return run_engine(spec, workdir, plugins=False, name=name, **RUNNERS[runner], **env)
     except AssertionError as failure:
         pytest.skip(f"vLLM alone does not run this on {runner}: {str(failure).splitlines()[0][:300]}")
 
@@ -134,3 +134,14 @@ def trained_hybrid(fixtures_root) -> Path:
     if not drafter.exists():
         drafter.symlink_to(trained_model("qwen36-dflash"), target_is_directory=True)
     return target
+
+
+def side_by_side(*calls):
+    """Run engines at once (each ``(function, args, kwargs)``, with its own ``name``) and return their reports in
+    order: a hybrid engine takes 3-4 minutes to start, so two in a row did not fit a 10-minute device call at
+    TP=2. A skip or failure of any one is raised after all have ended."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(calls)) as pool:
+        futures = [pool.submit(f, *args, **kwargs) for f, args, kwargs in calls]
+    return [f.result() for f in futures]

@@ -5,7 +5,7 @@ pair under `vllm serve --speculative-model dflash` with the openai client."""
 import pytest
 
 from tests.fixtures import predictable as P
-from tests.gpu.conftest import RUNNERS, TP, llm_args, run_engine
+from tests.gpu.conftest import RUNNERS, TP, llm_args, run_engine, side_by_side
 
 K = 15
 PROMPT = list(range(100, 110))
@@ -84,9 +84,10 @@ def test_trained_hybrid_pair_gated_equals_no_speculation(trained_hybrid, tmp_pat
         target = models / "qwen36"
     prompts = ["def fibonacci(n):\n    ", "import json\n\nclass Encoder(json.JSONEncoder):\n", "for i in range("]
     base = {"model": str(target), "prompts": prompts, "max_tokens": 64}
-    plain = run_engine({**base, "llm": llm_args(max_model_len=1024, dtype="bfloat16")}, tmp_path)
-    gated = run_engine({**base, "llm": llm_args(max_model_len=1024, dtype="bfloat16",
-                                                speculative_config={"model": "dflash"})}, tmp_path)
+    plain, gated = side_by_side(
+        (run_engine, ({**base, "llm": llm_args(max_model_len=1024, dtype="bfloat16")}, tmp_path), {"name": "plain"}),
+        (run_engine, ({**base, "llm": llm_args(max_model_len=1024, dtype="bfloat16",
+                                               speculative_config={"model": "dflash"})}, tmp_path), {"name": "gated"}))
     assert gated["counters"].get("vllm:spec_decode_num_drafts", 0) > 0, gated["counters"]
     assert gated["tokens"] == plain["tokens"]
 

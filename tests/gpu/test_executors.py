@@ -3,7 +3,7 @@ for each family, on each model runner where vLLM alone runs the family."""
 
 import pytest
 
-from tests.gpu.conftest import RUNNERS, TP, llm_args, run_alone_or_skip, run_engine
+from tests.gpu.conftest import RUNNERS, TP, llm_args, run_alone_or_skip, run_engine, side_by_side
 
 PROMPTS = ["def fibonacci(n):\n    ", "import json\n\nclass Encoder", "The quick brown fox"]
 # family -> the class that serves it with the plugin
@@ -36,8 +36,8 @@ def model_dir(tiny_model, fixtures_root):
 def test_greedy_tokens_match_vllm_alone(family, runner, model_dir, tmp_path):
     spec = {"model": str(model_dir(family)), "prompts": PROMPTS, "max_tokens": 24,
             "llm": llm_args(max_model_len=512, dtype="bfloat16")}
-    alone = run_alone_or_skip(spec, tmp_path, runner)
-    luce = run_engine(spec, tmp_path, **RUNNERS[runner])
+    alone, luce = side_by_side((run_alone_or_skip, (spec, tmp_path, runner), {"name": "alone"}),
+                               (run_engine, (spec, tmp_path), {"name": "luce", **RUNNERS[runner]}))
     assert luce["class"] == FAMILIES[family] and not alone["class"].startswith("Luce")
     assert luce["cudagraph_mode"] != "NONE" and not luce["enforce_eager"], luce
     assert luce["v2_runner"] == alone["v2_runner"] == (runner == "v2")
