@@ -139,6 +139,7 @@ def _apply_when_imported(module) -> None:
 
 def apply_patches() -> None:
     from vllm_luce.patches import (cpu_bf16_linear, cpu_dflash_context_kv, cpu_expand_kernel, cpu_gdn_chunk,
+                                   cpu_gdn_decode_inputs,
                                    cpu_gdn_prefill_conv, cpu_gdn_spec, cpu_rms_norm, dflash_proposer, engine_args,
                                    gpu_model_runner, gpu_model_runner_kv_cache, gpu_v2_model_runner_kv_cache,
                                    vllm_config)
@@ -146,6 +147,7 @@ def apply_patches() -> None:
     vllm_config.apply()
     engine_args.apply()
     for module in (cpu_bf16_linear, cpu_dflash_context_kv, cpu_gdn_chunk, cpu_expand_kernel, cpu_gdn_spec,
+                   cpu_gdn_decode_inputs,
                    cpu_gdn_prefill_conv, cpu_rms_norm, gpu_model_runner, gpu_model_runner_kv_cache,
                    gpu_v2_model_runner_kv_cache, dflash_proposer):
         _apply_when_imported(module)

@@ -84,6 +84,25 @@ LEDGER: tuple[LedgerEntry, ...] = (
                     "(dynamic speculative decoding on hybrid models).",
     ),
     LedgerEntry(
+        target="vllm._custom_ops:fused_sigmoid_gating_delta_rule_update_cpu",
+        signature='(A_log: torch.Tensor, dt_bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, '
+                  'a: torch.Tensor, b: torch.Tensor, initial_state_source: torch.Tensor, initial_state_indices: '
+                  'torch.Tensor, cu_seqlens: torch.Tensor, use_qk_l2norm_in_kernel: bool, softplus_beta: '
+                  'float=1.0, softplus_threshold: float=20.0) -> torch.Tensor',
+        per_series={"0.26": None},
+        module="vllm_luce.patches.cpu_gdn_decode_inputs",
+        why="vLLM bug: in a speculating engine on CPU, a step without speculative Gated DeltaNet rows (e.g. "
+            "KVFlash's prompt-end step) decodes through _spec_aware_nonspec, which passes the recurrent decode op "
+            "column 0 of the speculative state-index table (stride 1 + K); the op stops the engine (`tensor must "
+            "be contiguous at last dimension`). Upstream issue draft: \"CPU GDN: _spec_aware_nonspec passes "
+            "strided initial_state_indices to fused_sigmoid_gating_delta_rule_update_cpu in a speculating hybrid "
+            "engine (crash on a step with no spec rows)\".",
+        how="On CPU only, wraps the op's Python entry: every read-only tensor argument strided in its last "
+            "dimension is made contiguous (same values); the state it updates in place is passed as is.",
+        remove_when="vLLM's CPU GDN non-speculative decode in a speculating engine passes contiguous "
+                    "indices (or the op accepts strided ones).",
+    ),
+    LedgerEntry(
         target="vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:causal_conv1d_torch",
         signature='(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, '
                   'conv_states: torch.Tensor, query_start_loc: torch.Tensor, cache_indices: '
