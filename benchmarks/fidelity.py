@@ -28,8 +28,8 @@ for _k, _v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": 
     os.environ.setdefault(_k, _v)
 
 from benchmarks import report  # noqa: E402
-from tests.fixtures import needle as N  # noqa: E402
-from tests.fixtures.trained import heldout_files, trained_model  # noqa: E402
+from fixtures import needle as N  # noqa: E402
+from fixtures.trained import heldout_files, trained_model  # noqa: E402
 
 PPL_WINDOW = 2048
 CODE_PROMPT_TOKENS = 256

@@ -68,7 +68,7 @@ class Result:
 def workload(n: int) -> list[Item]:
     from transformers import AutoTokenizer
 
-    from tests.fixtures.trained import heldout_files, trained_model
+    from fixtures.trained import heldout_files, trained_model
 
     tok = AutoTokenizer.from_pretrained(str(trained_model("tokenizer")))
     ids: list[int] = []
@@ -239,7 +239,7 @@ def metric(text: str, name: str, **labels) -> float:
 
 
 def luce_args(tp: int = 1) -> list[str]:
-    from tests.fixtures.trained import trained_model
+    from fixtures.trained import trained_model
 
     config = {"luce": {"kvflash": {"pool_tokens": POOL_TOKENS},
                        "pflash": {"drafter": str(trained_model("scorer")), "keep_ratio": 0.3,
@@ -275,8 +275,8 @@ def serve_and_load(workdir: Path, name: str, extra: list[str], items: list[Item]
     """Start a server, run the workload, sample memory after ``warmup`` requests and at the end."""
     import os
 
-    from tests.e2e.server import Server
-    from tests.fixtures.trained import served_pair
+    from fixtures.server import Server
+    from fixtures.trained import served_pair
 
     os.environ.update(env or {})
     server = Server(served_pair(workdir), workdir / f"{name}.log", *base_args(), *extra, served_name="t")

@@ -4,7 +4,7 @@ checkpoints, one engine per child process, streamed token timing, and what the w
 * Checkpoints are config-only (``config.json`` + the test tokenizer) and engines load them with
   ``load_format="dummy"``: vLLM fills the weights randomly, so an 8B engine starts without a download and time
   per step is that of the real shape. Prompts are token ids and requests ``ignore_eos``, so random logits
-  change no length. The test tokenizer (``tests/fixtures/tiny_models.py``) has 1024 ids; sampled ids past it are
+  change no length. The test tokenizer (``fixtures/tiny_models.py``) has 1024 ids; sampled ids past it are
   never detokenized (``detokenize=False``).
 * Each engine is an ``AsyncLLM`` (the engine client of ``vllm serve``) in a child process of its own
   (``run_child``): plugin registration and ``VLLM_PLUGINS`` apply per process, and a failed engine costs its own
@@ -74,7 +74,7 @@ def has_cuda() -> bool:
 
 
 def _tokenizer_dir(root: Path) -> Path:
-    from tests.fixtures.tiny_models import build_tokenizer
+    from fixtures.tiny_models import build_tokenizer
 
     return build_tokenizer(root)
 
@@ -87,7 +87,7 @@ def qwen3_dense(out: Path, shape: dict, max_len: int) -> Path:
     """Config-only ``Qwen3ForCausalLM`` (vLLM's own dense class, as Qwen3-8B is served) of ``shape``."""
     from transformers import Qwen3Config
 
-    from tests.fixtures.tiny_models import copy_tokenizer, write_generation_config
+    from fixtures.tiny_models import copy_tokenizer, write_generation_config
 
     out.mkdir(parents=True, exist_ok=True)
     config = json.loads(Qwen3Config(**shape, max_position_embeddings=max_len, bos_token_id=0, eos_token_id=2,
@@ -102,12 +102,12 @@ def qwen3_dense(out: Path, shape: dict, max_len: int) -> Path:
 
 def qwen36_full_attention(out: Path, shape: dict, max_len: int) -> Path:
     """Config-only Qwen3.6 as vLLM 0.26 serves it (``Qwen3_5ForConditionalGeneration``, the layout of
-    ``tests/fixtures/conditional.py``) with every layer ``full_attention``: Qwen3.6's gated attention
+    ``fixtures/conditional.py``) with every layer ``full_attention``: Qwen3.6's gated attention
     (q_proj also makes the output gate), partial RoPE 0.25 and M-RoPE, at ``shape``. KVFlash attaches to this
     family, not to vLLM's ``Qwen3ForCausalLM``. vLLM counts the family as hybrid whatever the layer types, and
     sizes attention blocks to hold one Gated DeltaNet state: the unused ``linear_*`` sizes are the smallest, so
     blocks keep the attention backend's size."""
-    from tests.fixtures import conditional as C
+    from fixtures import conditional as C
 
     out.mkdir(parents=True, exist_ok=True)
     tok = _tokenizer_dir(out.parent)

@@ -54,7 +54,7 @@ def test_greedy_output_unchanged_while_the_gate_switches(family, tiny_model, tin
 
 @pytest.fixture(scope="module")
 def trained_pair():
-    from tests.fixtures.trained import trained_model
+    from fixtures.trained import trained_model
 
     return trained_model("qwen36-target"), trained_model("qwen36-dflash")
 

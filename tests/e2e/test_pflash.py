@@ -10,8 +10,8 @@ import gc
 
 import pytest
 
-from tests.fixtures import needle as N
-from tests.fixtures.trained import heldout_files, trained_model
+from fixtures import needle as N
+from fixtures.trained import heldout_files, trained_model
 
 pytestmark = pytest.mark.e2e
 

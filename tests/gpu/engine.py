@@ -41,7 +41,7 @@ def run(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     if spec.get("predictable"):
-        from tests.fixtures.predictable import register_predictable_drafter
+        from fixtures.predictable import register_predictable_drafter
 
         register_predictable_drafter()
     llm = LLM(model=spec["model"], disable_log_stats=False, **spec.get("llm", {}))
