@@ -108,7 +108,7 @@ def test_requests_admitted_as_others_finish_keep_their_output(trained_pair):
     requests' blocks go to new ones while plain steps write the drafter's context (patches/dflash_proposer.py). On
     this hybrid target the drafter's KV blocks share memory with the Gated DeltaNet state blocks, so a context
     write to a block no longer the request's would land in a new request's recurrent state."""
-    from benchmarks import load_test as L
+    from fixtures import serve_load as L
     from vllm import LLM, SamplingParams
 
     target, drafter = trained_pair

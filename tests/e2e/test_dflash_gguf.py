@@ -3,7 +3,7 @@
 
 import pytest
 
-from benchmarks import fidelity as F
+from fixtures import trained_llm as F
 from tests.e2e.dflash_probe import drafts_by_prompt, engine
 from fixtures.trained import trained_model
 from vllm_luce.cli import main as cli

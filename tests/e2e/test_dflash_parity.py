@@ -10,7 +10,7 @@
 import pytest
 import torch
 
-from benchmarks import fidelity as F
+from fixtures import trained_llm as F
 from fixtures import dflash_model as D
 from tests.e2e.dflash_probe import drafts_by_prompt, engine
 from fixtures.trained import trained_model

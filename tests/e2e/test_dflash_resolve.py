@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from benchmarks import fidelity as F
+from fixtures import trained_llm as F
 from tests.e2e.dflash_probe import assert_same_until_near_tie, greedy_with_margins
 from fixtures.server import SERVE_ENV, Server, vllm_command
 from fixtures.trained import trained_model

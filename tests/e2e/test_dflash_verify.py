@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks import fidelity as F
+from fixtures import trained_llm as F
 from tests.e2e.dflash_probe import assert_same_until_near_tie, greedy_with_margins
 from fixtures.trained import trained_model
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks import load_test as L
+from fixtures import serve_load as L
 from fixtures.server import Server
 from fixtures.trained import trained_model
 
