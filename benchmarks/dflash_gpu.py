@@ -91,12 +91,10 @@ def measure(spec: dict) -> dict:
 
 
 def counters(llm) -> dict:
-    found = {}
-    for metric in llm.get_metrics():
-        if metric.name.startswith("vllm:spec_decode_num_") and hasattr(metric, "value"):
-            key = metric.name.removeprefix("vllm:spec_decode_")
-            found[key] = found.get(key, 0) + metric.value
-    return found
+    from fixtures.engine_report import llm_counters
+
+    found = llm_counters(llm, ("vllm:spec_decode_num_",), labels=False)
+    return {name.removeprefix("vllm:spec_decode_"): value for name, value in found.items()}
 
 
 # ------------------------------------------------------------------ the run

@@ -25,6 +25,8 @@ import sys
 import time
 from pathlib import Path
 
+from fixtures.engine_report import config_facts, registry_metrics
+
 ROOT = Path(__file__).resolve().parents[1]
 CPU_ONLY = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND")
 TINY_VOCAB = 1024  # the test tokenizer's ids
@@ -290,11 +292,8 @@ async def engine_facts(engine) -> dict:
     config = engine.vllm_config
     worker = (await engine.collective_rpc(_worker_facts))[0]
     return {**device, "vllm": vllm.__version__, "plugins": os.environ.get("VLLM_PLUGINS", "(all)"),
-            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
-            "max_num_seqs": config.scheduler_config.max_num_seqs,
-            "async_scheduling": bool(config.scheduler_config.async_scheduling),
-            "enforce_eager": bool(config.model_config.enforce_eager),
-            "prefix_caching": bool(config.cache_config.enable_prefix_caching), **worker}
+            **config_facts(config, ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "enforce_eager",
+                                    "prefix_caching")), **worker}
 
 
 def _worker_facts(worker) -> dict:
@@ -306,24 +305,9 @@ def _worker_facts(worker) -> dict:
 
 
 def metrics() -> dict:
-    """vLLM's scheduler gauges and every ``vllm:luce_*`` value in this process's Prometheus registry (the client's:
-    vLLM records each step's scheduler stats there; vllm-luce merges its workers' values in), summed over labels
-    other than ``outcome``. Read from the registry itself: vLLM's ``get_metrics_snapshot`` (``LLM.get_metrics``)
-    casts counters to int, which truncates the seconds counters."""
-    from prometheus_client import REGISTRY
-
-    wanted = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
-    found = {}
-    for family in REGISTRY.collect():
-        if not (family.name.startswith("vllm:luce_") or family.name in wanted):
-            continue
-        for sample in family.samples:
-            if sample.name.endswith("_created"):
-                continue
-            outcome = sample.labels.get("outcome")
-            name = family.name + (f"{{outcome={outcome}}}" if outcome else "")
-            found[name] = found.get(name, 0) + sample.value
-    return found
+    """vLLM's scheduler gauges and every ``vllm:luce_*`` value in this process's Prometheus registry, summed over
+    labels other than ``outcome`` (``fixtures.engine_report.registry_metrics``)."""
+    return registry_metrics()
 
 
 def run_engines(module: str, specs: dict, out: dict, args, cuda: bool) -> dict:
