@@ -101,7 +101,7 @@ if sys.argv[1] == "vllm":  # keep vllm-luce's other patches, drop the three floa
     from vllm_luce.patches import cpu_bf16_linear, cpu_gdn_chunk, cpu_gdn_prefill_conv
     cpu_bf16_linear.apply = cpu_gdn_chunk.apply = cpu_gdn_prefill_conv.apply = lambda: False
 from vllm import LLM, SamplingParams
-from tests.fixtures.trained import trained_model
+from fixtures.trained import trained_model
 llm = LLM(str(trained_model("qwen36-target")), tokenizer=str(trained_model("tokenizer")), dtype="bfloat16",
           max_model_len=4096, enforce_eager=True)
 prompts = ["def foo(x):\\n    return" * 20] * 16

@@ -6,7 +6,7 @@ DFlash, with drafters right with probability 0, 0.5 and 0.9 per position, and an
     python -m benchmarks.dflash_gpu --gpus 4 --levels 0.9 --json a.json        # engines side by side, one per GPU
     python -m benchmarks.dflash_gpu --tiny --concurrency 1 4 --json t.json     # CPU smoke run (tiny shapes)
 
-Models (``tests/fixtures/scaled.py``): a Qwen3-8B-shaped target whose greedy next token is token + 1, and a drafter
+Models (``fixtures/scaled.py``): a Qwen3-8B-shaped target whose greedy next token is token + 1, and a drafter
 of z-lab's Qwen3-8B-DFlash shape whose slot k is right with probability p (so position k is accepted with p^k);
 weights are vLLM's ``dummy`` ones, every matmul at its real shape. Engines, each an offline ``LLM`` in a child
 process of its own (the test-only classes register in that process, so its engine core runs in it too):
@@ -55,7 +55,7 @@ def prompts(concurrency: int, length: int, vocab: int, seed: int, span: int) -> 
 def measure(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
-    from tests.fixtures.scaled import register_scaled_models
+    from fixtures.scaled import register_scaled_models
 
     register_scaled_models()
     llm = LLM(model=spec["target"], load_format="dummy", seed=0, disable_log_stats=False, **spec["llm"])
@@ -91,19 +91,17 @@ def measure(spec: dict) -> dict:
 
 
 def counters(llm) -> dict:
-    found = {}
-    for metric in llm.get_metrics():
-        if metric.name.startswith("vllm:spec_decode_num_") and hasattr(metric, "value"):
-            key = metric.name.removeprefix("vllm:spec_decode_")
-            found[key] = found.get(key, 0) + metric.value
-    return found
+    from fixtures.engine_report import llm_counters
+
+    found = llm_counters(llm, ("vllm:spec_decode_num_",), labels=False)
+    return {name.removeprefix("vllm:spec_decode_"): value for name, value in found.items()}
 
 
 # ------------------------------------------------------------------ the run
 
 
 def engine_specs(args, root: Path) -> list[dict]:
-    from tests.fixtures import scaled as S
+    from fixtures import scaled as S
 
     shape = "tiny" if args.tiny else "qwen3-8b"
     target = S.build_target(root / f"{shape}-target", shape)

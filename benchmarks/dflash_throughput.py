@@ -4,7 +4,7 @@
 
 Pairs:
 * ``right`` / ``wrong``: the predictable target (next token = token + 1) with a drafter that
-  is always right or always wrong (``tests/fixtures/predictable.py``);
+  is always right or always wrong (``fixtures/predictable.py``);
 * ``trained``: the trained Qwen3.6-architecture pair (``tests/assets/trained``) on held-out code.
 
 For each pair, the engines live in one process: no speculation, DFlash with every draft verified
@@ -69,8 +69,8 @@ GOAL_VS_FIXED = 0.9  # gated over fixed DFlash, where fixed beats no speculation
 
 
 def pairs(root: Path) -> dict:
-    from tests.fixtures import predictable as P
-    from tests.fixtures.trained import trained_model
+    from fixtures import predictable as P
+    from fixtures.trained import trained_model
 
     P.register_predictable_drafter()
     target = P.build_target(root / "predictable-target")

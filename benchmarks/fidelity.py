@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import time
 from pathlib import Path
@@ -28,125 +27,14 @@ for _k, _v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": 
     os.environ.setdefault(_k, _v)
 
 from benchmarks import report  # noqa: E402
-from tests.fixtures import needle as N  # noqa: E402
-from tests.fixtures.trained import heldout_files, trained_model  # noqa: E402
+# The measurements themselves live in fixtures.trained_llm (the end-to-end tests check the same baselines); the other
+# CPU benchmarks reach them through this module (``F.build_llm``), after the environment defaults above.
+from fixtures.trained_llm import (  # noqa: E402,F401
+    CODE_PROMPT_TOKENS, DEPTHS, EVERY_DRAFT_VERIFIED, PPL_WINDOW, acceptance, build_llm, code_prompts, engine_runner,
+    greedy, heldout_token_windows, hf_perplexity, needle_accuracy, perplexity, spec_counters)
+from fixtures.trained import heldout_files, trained_model  # noqa: E402,F401
 
-PPL_WINDOW = 2048
-CODE_PROMPT_TOKENS = 256
-DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 MEASURES = ["perplexity", "parity", "acceptance", "needle", "determinism"]
-# Acceptance is the drafter's quality: measured with every draft verified (vllm-luce's gate off).
-EVERY_DRAFT_VERIFIED = {"luce": {"dflash": {"gate": False}}}
-
-
-def build_llm(max_model_len: int, *, drafter: Path | None = None, num_spec: int = 15, **kw):
-    from vllm import LLM
-
-    spec = None
-    if drafter is not None:
-        spec = {"method": "dflash", "model": str(drafter), "num_speculative_tokens": num_spec}
-    return LLM(model=str(trained_model("qwen36-target")), dtype="bfloat16", enforce_eager=True, seed=0,
-               max_model_len=max_model_len, speculative_config=spec,
-               # Hybrid GDN + DFlash with prefix caching needs a Triton kernel vLLM's CPU backend lacks.
-               enable_prefix_caching=False, **kw)
-
-
-def engine_runner(llm):
-    """The in-process V1 model runner (VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
-    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner
-
-
-def heldout_token_windows(tokenizer, count: int, length: int) -> list[list[int]]:
-    ids: list[int] = []
-    for f in heldout_files():
-        ids += tokenizer.encode(f["text"], add_special_tokens=False) + [tokenizer.pad_token_id]
-    stride = len(ids) // count
-    return [ids[i * stride : i * stride + length] for i in range(count)]
-
-
-def code_prompts(tokenizer, count: int) -> list[list[int]]:
-    """The first CODE_PROMPT_TOKENS tokens of the first ``count`` held-out files long enough."""
-    prompts = []
-    for f in heldout_files():
-        ids = tokenizer.encode(f["text"], add_special_tokens=False)
-        if len(ids) >= 2 * CODE_PROMPT_TOKENS:
-            prompts.append(ids[:CODE_PROMPT_TOKENS])
-        if len(prompts) == count:
-            break
-    return prompts
-
-
-def perplexity(llm, windows: list[list[int]]) -> float:
-    from vllm import SamplingParams
-
-    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
-    outs = llm.generate([{"prompt_token_ids": w} for w in windows], params, use_tqdm=False)
-    nll, n = 0.0, 0
-    for w, o in zip(windows, outs):
-        for tok, lp in zip(w[1:], o.prompt_logprobs[1:]):
-            nll -= lp[tok].logprob
-            n += 1
-    return math.exp(nll / n)
-
-
-def hf_perplexity(windows: list[list[int]]) -> float:
-    """The same windows through HF transformers in fp32 (its PyTorch Gated DeltaNet)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(trained_model("qwen36-target"), dtype=torch.float32).eval()
-    nll, n = 0.0, 0
-    with torch.no_grad():
-        for w in windows:
-            x = torch.tensor([w])
-            logits = model(input_ids=x).logits[0, :-1].float()
-            nll += torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum").item()
-            n += len(w) - 1
-    return math.exp(nll / n)
-
-
-def greedy(llm, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    from vllm import SamplingParams
-
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
-    return [list(o.outputs[0].token_ids) for o in outs]
-
-
-def spec_counters(llm) -> tuple[int, int, list[int]]:
-    """Cumulative DFlash counters from vLLM's metrics: drafts, accepted tokens, accepted per position."""
-    vals = {m.name: m for m in llm.get_metrics()}
-    per_pos = vals.get("vllm:spec_decode_num_accepted_tokens_per_pos")
-    return (int(vals["vllm:spec_decode_num_drafts"].value), int(vals["vllm:spec_decode_num_accepted_tokens"].value),
-            list(per_pos.values) if per_pos else [])
-
-
-def acceptance(llm, prompts: list[list[int]], max_tokens: int) -> dict:
-    """Mean acceptance length (1 + accepted per draft) and per-position acceptance rates for one run."""
-    d0, a0, p0 = spec_counters(llm)
-    greedy(llm, prompts, max_tokens)
-    d1, a1, p1 = spec_counters(llm)
-    drafts = d1 - d0
-    per_pos = [b - a for a, b in zip(p0 or [0] * len(p1), p1)]
-    return {"prompts": len(prompts), "max_tokens": max_tokens, "drafts": drafts,
-            "mean_acceptance_length": round(1 + (a1 - a0) / drafts, 3),
-            "per_position_rate": [round(p / drafts, 3) for p in per_pos]}
-
-
-def needle_accuracy(llm, tokens: int, seeds: range, depths=DEPTHS, distractors: int = 0) -> dict:
-    """``distractors``: other needles planted at random depths (multi-needle prompts asking for one)."""
-    from vllm import SamplingParams
-
-    tokenizer = llm.get_tokenizer()
-    cases = N.make_cases(tokenizer, list(heldout_files()), tokens=tokens, depths=depths, seeds=seeds,
-                         distractors=distractors)
-    params = SamplingParams(max_tokens=N.NEEDLE_DIGITS + 2, temperature=0.0)
-    outs = llm.generate([c.prompt for c in cases], params, use_tqdm=False)
-    hits = [N.retrieved(c, o.outputs[0].text) for c, o in zip(cases, outs)]
-    by_depth = {d: sum(h for c, h in zip(cases, hits) if c.depth == d) / len(seeds) for d in depths}
-    return {"tokens": tokens, "cases": len(cases), "distractors": distractors, "accuracy": round(sum(hits) / len(hits), 3),
-            "by_depth": {str(d): round(a, 3) for d, a in by_depth.items()},
-            "mean_prompt_tokens": round(sum(c.prompt_tokens for c in cases) / len(cases))}
 
 
 def main(argv=None) -> int:

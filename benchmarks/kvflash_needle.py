@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from benchmarks import fidelity as F, report
-from tests.fixtures.trained import trained_model
+from fixtures.trained import trained_model
 
 
 def run(label: str, additional_config: dict, tokens: list[int], seeds: int, max_len: int,

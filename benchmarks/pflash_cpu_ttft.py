@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from benchmarks import fidelity as F, report
-from tests.fixtures import needle as N
-from tests.fixtures.trained import heldout_files, trained_model
+from fixtures import needle as N
+from fixtures.trained import heldout_files, trained_model
 
 
 def measure(llm, prompts: list[list[int]], reps: int) -> list[dict]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import report
-from tests.fixtures.trained import heldout_files, trained_model
+from fixtures.trained import heldout_files, trained_model
 from vllm_luce.kernels.block_sparse_attention.block_select import keep_mask
 from vllm_luce.kernels.block_sparse_attention.naive import block_mean_keys_naive, block_scores_naive
 from vllm_luce.pflash.drafter_spec import DrafterSpec

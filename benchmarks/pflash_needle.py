@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from benchmarks import fidelity as F, report
-from tests.fixtures import needle as N
-from tests.fixtures.trained import heldout_files, trained_model
+from fixtures import needle as N
+from fixtures.trained import heldout_files, trained_model
 
 
 def run(label: str, pflash: dict | None, tokens: list[int], seeds: int, max_len: int) -> list[dict]:

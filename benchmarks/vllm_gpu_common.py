@@ -4,7 +4,7 @@ checkpoints, one engine per child process, streamed token timing, and what the w
 * Checkpoints are config-only (``config.json`` + the test tokenizer) and engines load them with
   ``load_format="dummy"``: vLLM fills the weights randomly, so an 8B engine starts without a download and time
   per step is that of the real shape. Prompts are token ids and requests ``ignore_eos``, so random logits
-  change no length. The test tokenizer (``tests/fixtures/tiny_models.py``) has 1024 ids; sampled ids past it are
+  change no length. The test tokenizer (``fixtures/tiny_models.py``) has 1024 ids; sampled ids past it are
   never detokenized (``detokenize=False``).
 * Each engine is an ``AsyncLLM`` (the engine client of ``vllm serve``) in a child process of its own
   (``run_child``): plugin registration and ``VLLM_PLUGINS`` apply per process, and a failed engine costs its own
@@ -24,6 +24,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from fixtures.engine_report import config_facts, registry_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU_ONLY = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND")
@@ -74,7 +76,7 @@ def has_cuda() -> bool:
 
 
 def _tokenizer_dir(root: Path) -> Path:
-    from tests.fixtures.tiny_models import build_tokenizer
+    from fixtures.tiny_models import build_tokenizer
 
     return build_tokenizer(root)
 
@@ -87,7 +89,7 @@ def qwen3_dense(out: Path, shape: dict, max_len: int) -> Path:
     """Config-only ``Qwen3ForCausalLM`` (vLLM's own dense class, as Qwen3-8B is served) of ``shape``."""
     from transformers import Qwen3Config
 
-    from tests.fixtures.tiny_models import copy_tokenizer, write_generation_config
+    from fixtures.tiny_models import copy_tokenizer, write_generation_config
 
     out.mkdir(parents=True, exist_ok=True)
     config = json.loads(Qwen3Config(**shape, max_position_embeddings=max_len, bos_token_id=0, eos_token_id=2,
@@ -102,12 +104,12 @@ def qwen3_dense(out: Path, shape: dict, max_len: int) -> Path:
 
 def qwen36_full_attention(out: Path, shape: dict, max_len: int) -> Path:
     """Config-only Qwen3.6 as vLLM 0.26 serves it (``Qwen3_5ForConditionalGeneration``, the layout of
-    ``tests/fixtures/conditional.py``) with every layer ``full_attention``: Qwen3.6's gated attention
+    ``fixtures/conditional.py``) with every layer ``full_attention``: Qwen3.6's gated attention
     (q_proj also makes the output gate), partial RoPE 0.25 and M-RoPE, at ``shape``. KVFlash attaches to this
     family, not to vLLM's ``Qwen3ForCausalLM``. vLLM counts the family as hybrid whatever the layer types, and
     sizes attention blocks to hold one Gated DeltaNet state: the unused ``linear_*`` sizes are the smallest, so
     blocks keep the attention backend's size."""
-    from tests.fixtures import conditional as C
+    from fixtures import conditional as C
 
     out.mkdir(parents=True, exist_ok=True)
     tok = _tokenizer_dir(out.parent)
@@ -290,11 +292,8 @@ async def engine_facts(engine) -> dict:
     config = engine.vllm_config
     worker = (await engine.collective_rpc(_worker_facts))[0]
     return {**device, "vllm": vllm.__version__, "plugins": os.environ.get("VLLM_PLUGINS", "(all)"),
-            "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
-            "max_num_seqs": config.scheduler_config.max_num_seqs,
-            "async_scheduling": bool(config.scheduler_config.async_scheduling),
-            "enforce_eager": bool(config.model_config.enforce_eager),
-            "prefix_caching": bool(config.cache_config.enable_prefix_caching), **worker}
+            **config_facts(config, ("max_num_batched_tokens", "max_num_seqs", "async_scheduling", "enforce_eager",
+                                    "prefix_caching")), **worker}
 
 
 def _worker_facts(worker) -> dict:
@@ -306,24 +305,9 @@ def _worker_facts(worker) -> dict:
 
 
 def metrics() -> dict:
-    """vLLM's scheduler gauges and every ``vllm:luce_*`` value in this process's Prometheus registry (the client's:
-    vLLM records each step's scheduler stats there; vllm-luce merges its workers' values in), summed over labels
-    other than ``outcome``. Read from the registry itself: vLLM's ``get_metrics_snapshot`` (``LLM.get_metrics``)
-    casts counters to int, which truncates the seconds counters."""
-    from prometheus_client import REGISTRY
-
-    wanted = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc")
-    found = {}
-    for family in REGISTRY.collect():
-        if not (family.name.startswith("vllm:luce_") or family.name in wanted):
-            continue
-        for sample in family.samples:
-            if sample.name.endswith("_created"):
-                continue
-            outcome = sample.labels.get("outcome")
-            name = family.name + (f"{{outcome={outcome}}}" if outcome else "")
-            found[name] = found.get(name, 0) + sample.value
-    return found
+    """vLLM's scheduler gauges and every ``vllm:luce_*`` value in this process's Prometheus registry, summed over
+    labels other than ``outcome`` (``fixtures.engine_report.registry_metrics``)."""
+    return registry_metrics()
 
 
 def run_engines(module: str, specs: dict, out: dict, args, cuda: bool) -> dict:

@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
 
 import serve_openai_client  # noqa: E402
-from tests.e2e.server import Server  # noqa: E402
-from tests.fixtures.tiny_models import build_model  # noqa: E402
-from tests.fixtures.trained import heldout_files, served_pair, trained_model  # noqa: E402
+from fixtures.server import Server  # noqa: E402
+from fixtures.tiny_models import build_model  # noqa: E402
+from fixtures.trained import heldout_files, served_pair, trained_model  # noqa: E402
 
 
 def code_prompt(chars: int) -> str:

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vllm import LLM, SamplingParams  # noqa: E402
 
-from benchmarks import load_test as L  # noqa: E402
-from tests.fixtures.trained import trained_model  # noqa: E402
+from fixtures import serve_load as L  # noqa: E402
+from fixtures.trained import trained_model  # noqa: E402
 
 
 def outputs(budget: int | None, prompts: list[str], params: list[SamplingParams]) -> list[list[int]]:

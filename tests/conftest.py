@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.server import CPU_ENV
+from fixtures.server import CPU_ENV
 
 # Set before vLLM is imported anywhere.
 # In-process engines (one process, ready in seconds); `vllm serve` tests set their own.
@@ -30,7 +30,7 @@ def fixtures_root(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(fixtures_root):
-    from tests.fixtures.tiny_models import build_model
+    from fixtures.tiny_models import build_model
 
     def get(family: str) -> Path:
         return build_model(family, fixtures_root / family)
@@ -41,7 +41,7 @@ def tiny_model(fixtures_root):
 @pytest.fixture(scope="session")
 def tiny_drafter(fixtures_root, tiny_model):
     """A random DFlash drafter in z-lab's layout for a tiny target family."""
-    from tests.fixtures.tiny_models import build_dflash_drafter
+    from fixtures.tiny_models import build_dflash_drafter
 
     def get(family: str) -> Path:
         return build_dflash_drafter(tiny_model(family), fixtures_root / f"{family}-dflash")

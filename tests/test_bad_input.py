@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.fixtures.trained import trained_model
+from fixtures.trained import trained_model
 from vllm_luce.config import SCHEMA, LuceConfig, LuceConfigError
 from vllm_luce.patches.engine_args import apply_dflash_defaults
 from vllm_luce.spec_decode import resolve as R

@@ -1,6 +1,6 @@
 """Observe a DFlash engine from a test: the in-process engine core and the drafts it schedules."""
 
-from benchmarks import fidelity as F
+from fixtures import trained_llm as F
 
 
 def engine(llm):

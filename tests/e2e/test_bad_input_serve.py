@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.server import SERVE_ENV, Server, vllm_command
-from tests.fixtures.trained import heldout_files, trained_model
+from fixtures.server import SERVE_ENV, Server, vllm_command
+from fixtures.trained import heldout_files, trained_model
 from tests.test_bad_input import write_bait
 
 pytestmark = pytest.mark.e2e

@@ -1,5 +1,5 @@
 """The tiny `qwen3_6` fixture rewritten as Qwen3_5ForConditionalGeneration (the class of real Qwen3.5/3.6
-checkpoints, and the only one vLLM 0.26 serves them with; `tests/fixtures/conditional.py`), through real
+checkpoints, and the only one vLLM 0.26 serves them with; `fixtures/conditional.py`), through real
 vLLM in-process: LuceQwen3_5ForConditionalGeneration serves it with the greedy tokens of the text-only
 original (same weights), with M-RoPE on as in real checkpoints, and vLLM builds, loads and runs its tiny
 vision tower the way GPU profiling does.
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def checkpoints(tiny_model, fixtures_root):
-    from tests.fixtures.conditional import as_conditional_generation
+    from fixtures.conditional import as_conditional_generation
 
     text = tiny_model("qwen3_6")
     return text, as_conditional_generation(text, fixtures_root / "qwen3_6-cg")
@@ -61,7 +61,7 @@ def runs(checkpoints):
     from vllm import LLM
     from vllm.model_executor.models.qwen3_vl import Qwen3VLProcessingInfo
 
-    from tests.fixtures.conditional import TOKENIZER_DIR
+    from fixtures.conditional import TOKENIZER_DIR
 
     text_dir, cg_dir = checkpoints
     processor = _cpu_qwen_processor(cg_dir, cg_dir / TOKENIZER_DIR)
@@ -97,7 +97,7 @@ def test_vision_tower_loads_and_runs_as_transformers_runs_it(runs, checkpoints):
     from transformers import AutoConfig
     from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 
-    from tests.fixtures.conditional import VISION_PREFIX, load_tensors
+    from fixtures.conditional import VISION_PREFIX, load_tensors
 
     _, cg_dir = checkpoints
     enc = runs["cg"]["encoder"]

@@ -54,7 +54,7 @@ def test_greedy_output_unchanged_while_the_gate_switches(family, tiny_model, tin
 
 @pytest.fixture(scope="module")
 def trained_pair():
-    from tests.fixtures.trained import trained_model
+    from fixtures.trained import trained_model
 
     return trained_model("qwen36-target"), trained_model("qwen36-dflash")
 
@@ -108,7 +108,7 @@ def test_requests_admitted_as_others_finish_keep_their_output(trained_pair):
     requests' blocks go to new ones while plain steps write the drafter's context (patches/dflash_proposer.py). On
     this hybrid target the drafter's KV blocks share memory with the Gated DeltaNet state blocks, so a context
     write to a block no longer the request's would land in a new request's recurrent state."""
-    from benchmarks import load_test as L
+    from fixtures import serve_load as L
     from vllm import LLM, SamplingParams
 
     target, drafter = trained_pair

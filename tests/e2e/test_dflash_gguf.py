@@ -3,9 +3,9 @@
 
 import pytest
 
-from benchmarks import fidelity as F
+from fixtures import trained_llm as F
 from tests.e2e.dflash_probe import drafts_by_prompt, engine
-from tests.fixtures.trained import trained_model
+from fixtures.trained import trained_model
 from vllm_luce.cli import main as cli
 
 pytestmark = pytest.mark.e2e

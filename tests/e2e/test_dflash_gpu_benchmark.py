@@ -1,21 +1,28 @@
 """benchmarks/dflash_gpu.py's CPU smoke run (tiny shapes through vLLM): every engine kind starts, keeps the
-predictable target's output (each child checks it), and the table and JSON have what the GPU run reports."""
+predictable target's output (each child checks it), and the table and JSON have what the GPU run reports. The script
+runs as users run it (``python -m benchmarks.dflash_gpu``): tests import nothing from ``benchmarks``
+(tests/test_layout.py)."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from benchmarks import dflash_gpu
-
 pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_tiny_run_reports_every_engine_and_ratio(tmp_path):
     out = tmp_path / "dflash_gpu.json"
-    status = dflash_gpu.main(["--tiny", "--concurrency", "2", "--levels", "0.9", "--modes", "none", "fixed", "gated",
-                              "--repeats", "1", "--workdir", str(tmp_path / "work"), "--json", str(out)])
+    command = [sys.executable, "-m", "benchmarks.dflash_gpu", "--tiny", "--concurrency", "2", "--levels", "0.9",
+               "--modes", "none", "fixed", "gated", "--repeats", "1", "--workdir", str(tmp_path / "work"),
+               "--json", str(out)]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert out.is_file(), proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads(out.read_text())
-    assert status == 0, {k: v.get("log_tail") for k, v in result["engines"].items()}
+    assert proc.returncode == 0, {k: v.get("log_tail") for k, v in result["engines"].items()}
     assert set(result["engines"]) == {"none", "fixed@0.9", "gated@0.9"}
     assert result["git_commit"] and result["command"].startswith("python")
     (row,) = result["rows"]

@@ -1,7 +1,7 @@
 """DFlash draft parity through real vLLM (CPU, V1 runner) on the trained Qwen3.6 pair.
 
 * golden parity: vLLM's drafter logits for a block equal a plain PyTorch reference of z-lab's
-  drafter (``benchmarks/fixtures/dflash_model.py``) fed the same target features, within bf16
+  drafter (``fixtures/dflash_model.py``) fed the same target features, within bf16
   tolerance. This test found vLLM's CPU rms_norm ignoring grouped weights
   (``vllm_luce/patches/cpu_rms_norm.py``);
 * batch parity: a request's drafts are the same alone and in a batch of 8.
@@ -10,10 +10,10 @@
 import pytest
 import torch
 
-from benchmarks import fidelity as F
-from benchmarks.fixtures import dflash_model as D
+from fixtures import trained_llm as F
+from fixtures import dflash_model as D
 from tests.e2e.dflash_probe import drafts_by_prompt, engine
-from tests.fixtures.trained import trained_model
+from fixtures.trained import trained_model
 
 pytestmark = pytest.mark.e2e
 GEN = 24

@@ -3,7 +3,7 @@ always wrong, through real vLLM (CPU, V1 runner). Acceptance is read from vLLM's
 
 import pytest
 
-from tests.fixtures import predictable as P
+from fixtures import predictable as P
 
 pytestmark = pytest.mark.e2e
 K = 15

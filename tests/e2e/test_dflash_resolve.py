@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
-from benchmarks import fidelity as F
+from fixtures import trained_llm as F
 from tests.e2e.dflash_probe import assert_same_until_near_tie, greedy_with_margins
-from tests.e2e.server import SERVE_ENV, Server, vllm_command
-from tests.fixtures.trained import trained_model
+from fixtures.server import SERVE_ENV, Server, vllm_command
+from fixtures.trained import trained_model
 
 pytestmark = pytest.mark.e2e
 PROMPTS = ["def main():\n", "import os\nimport sys\n\n", "class Config:\n    def __init__(self", "for i in range("]

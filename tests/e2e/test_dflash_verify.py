@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks import fidelity as F
+from fixtures import trained_llm as F
 from tests.e2e.dflash_probe import assert_same_until_near_tie, greedy_with_margins
-from tests.fixtures.trained import trained_model
+from fixtures.trained import trained_model
 
 pytestmark = pytest.mark.e2e
 

@@ -21,9 +21,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from benchmarks import load_test as L
-from tests.e2e.server import Server
-from tests.fixtures.trained import trained_model
+from fixtures import serve_load as L
+from fixtures.server import Server
+from fixtures.trained import trained_model
 
 pytestmark = pytest.mark.e2e
 

@@ -3,7 +3,7 @@ covering the context, speculative decoding with KVFlash gives exactly the tokens
 decoding with full KV, although drafts are rejected and the pool is rewritten by logical position
 at every step. (Speculative vs plain decoding may differ at bf16 near-ties: tests/e2e/test_dflash_parity.py.)"""
 
-from benchmarks import fidelity as F
+from fixtures import trained_llm as F
 
 NO_GATE = {"dflash": {"gate": False}}
 

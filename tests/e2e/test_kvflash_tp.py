@@ -13,7 +13,7 @@ import random
 import pytest
 
 from tests.e2e.test_kvflash import blocks_held, kvflash_manager
-from tests.fixtures.trained import trained_model
+from fixtures.trained import trained_model
 
 pytestmark = pytest.mark.e2e
 

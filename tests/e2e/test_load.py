@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import load_test as L
+from fixtures import serve_load as L
 
 pytestmark = pytest.mark.e2e
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import load_test as L
+from fixtures import serve_load as L
 from tests.e2e.test_load import assert_every_stream_completes
 
 pytestmark = pytest.mark.e2e

@@ -10,8 +10,8 @@ import gc
 
 import pytest
 
-from tests.fixtures import needle as N
-from tests.fixtures.trained import heldout_files, trained_model
+from fixtures import needle as N
+from fixtures.trained import heldout_files, trained_model
 
 pytestmark = pytest.mark.e2e
 
@@ -20,7 +20,7 @@ KEEP = 0.2
 
 
 def _llm(pflash: dict | None):
-    from benchmarks import fidelity as F
+    from fixtures import trained_llm as F
 
     if pflash is None:
         return F.build_llm(MAX_LEN)
@@ -112,7 +112,7 @@ def test_cross_tokenizer_drafter_maps_kept_text_back(tokenizer, cases, tiny_mode
 def test_kvflash_drafter_scorer_policy_uses_the_pflash_scorer(tokenizer, cases):
     """KVFlash with policy 'scorer' (pool 512 for 2K prompts): PFlash's drafter scores the chunks that
     stay resident. Compression is off here (min_prompt_tokens above the prompts) to isolate the policy."""
-    from benchmarks import fidelity as F
+    from fixtures import trained_llm as F
 
     llm = F.build_llm(MAX_LEN, additional_config={"luce": {
         "kvflash": {"pool_tokens": 512, "policy": "scorer"},
@@ -133,7 +133,7 @@ def test_kvflash_drafter_scorer_policy_uses_the_pflash_scorer(tokenizer, cases):
 def test_pflash_composes_with_dflash_and_kvflash(tokenizer, cases):
     """All three features on one engine (trained DFlash drafter, a 1024-token pool, keep 0.2): prompts
     are compressed, speculation runs on the compressed prompt over the pool, and the needles come back."""
-    from benchmarks import fidelity as F
+    from fixtures import trained_llm as F
 
     llm = F.build_llm(MAX_LEN, drafter=trained_model("qwen36-dflash"), num_spec=7, disable_log_stats=False,
                       additional_config={"luce": {

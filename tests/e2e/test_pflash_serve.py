@@ -7,9 +7,9 @@ import subprocess
 
 import pytest
 
-from tests.e2e.server import SERVE_ENV, Server, vllm_command
-from tests.fixtures import needle as N
-from tests.fixtures.trained import heldout_files, trained_model
+from fixtures.server import SERVE_ENV, Server, vllm_command
+from fixtures import needle as N
+from fixtures.trained import heldout_files, trained_model
 
 pytestmark = pytest.mark.e2e
 

@@ -1,4 +1,4 @@
-"""The scaled predictable pairs (``tests/fixtures/scaled.py``) through real vLLM on CPU, at the "tiny" shape of the
+"""The scaled predictable pairs (``fixtures/scaled.py``) through real vLLM on CPU, at the "tiny" shape of the
 same builders and classes the GPU benchmarks run at Qwen3-8B's: config-only checkpoints with ``load_format="dummy"``.
 
 Two checks per setting:
@@ -18,7 +18,7 @@ import math
 import pytest
 
 from tests.e2e.dflash_probe import engine
-from tests.fixtures import scaled as S
+from fixtures import scaled as S
 
 pytestmark = pytest.mark.e2e
 K = S.DRAFTER_SHAPES["tiny"].block_size - 1

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from tests.conftest import EXECUTOR_FAMILIES
-from tests.e2e.server import SERVE_ENV, Server, vllm_command
+from fixtures.server import SERVE_ENV, Server, vllm_command
 
 pytestmark = pytest.mark.e2e
 

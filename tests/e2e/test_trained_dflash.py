@@ -6,7 +6,7 @@ Baselines and how they were measured: docs/fidelity.md.
 
 import pytest
 
-from benchmarks import fidelity as F
+from fixtures import trained_llm as F
 
 
 @pytest.fixture(scope="module")

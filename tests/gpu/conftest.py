@@ -125,8 +125,8 @@ def trained_hybrid(fixtures_root) -> Path:
     """The trained Qwen3.6-architecture target as real Qwen3.6 checkpoints are: Qwen3_5ForConditionalGeneration
     (vLLM 0.26 serves no text-only Qwen3_5ForCausalLM), with its DFlash drafter as the sibling
     ``<target>-DFlash`` that ``--speculative-model dflash`` finds."""
-    from tests.fixtures.conditional import as_conditional_generation
-    from tests.fixtures.trained import trained_model
+    from fixtures.conditional import as_conditional_generation
+    from fixtures.trained import trained_model
 
     models = fixtures_root / "gpu-models"
     target = as_conditional_generation(trained_model("qwen36-target"), models / "qwen36")

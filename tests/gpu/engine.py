@@ -14,34 +14,24 @@ import json
 import sys
 import time
 
+from fixtures.engine_report import config_facts, llm_counters
+
 
 def _facts(llm) -> dict:
-    config = llm.llm_engine.vllm_config
-    compilation = config.compilation_config
-    return {"v2_runner": bool(config.use_v2_model_runner),
-            "cudagraph_mode": str(compilation.cudagraph_mode),
-            "enforce_eager": bool(config.model_config.enforce_eager),
-            "async_scheduling": bool(config.scheduler_config.async_scheduling),
-            "tensor_parallel_size": config.parallel_config.tensor_parallel_size}
+    return config_facts(llm.llm_engine.vllm_config,
+                        ("v2_runner", "cudagraph_mode", "enforce_eager", "async_scheduling", "tensor_parallel_size"))
 
 
 def _counters(llm) -> dict:
     """Spec-decode and vllm:luce_* counters and gauges, by name and labels (engine and model labels dropped)."""
-    found = {}
-    for metric in llm.get_metrics():
-        if metric.name.startswith(("vllm:spec_decode_num", "vllm:luce_")) and hasattr(metric, "value"):
-            labels = ",".join(f"{k}={v}" for k, v in sorted(getattr(metric, "labels", {}).items())
-                              if k not in ("engine", "model_name", "worker", "rank", "pid"))
-            name = f"{metric.name}{{{labels}}}" if labels else metric.name
-            found[name] = found.get(name, 0) + metric.value
-    return found
+    return llm_counters(llm, ("vllm:spec_decode_num", "vllm:luce_"))
 
 
 def run(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
     if spec.get("predictable"):
-        from tests.fixtures.predictable import register_predictable_drafter
+        from fixtures.predictable import register_predictable_drafter
 
         register_predictable_drafter()
     llm = LLM(model=spec["model"], disable_log_stats=False, **spec.get("llm", {}))

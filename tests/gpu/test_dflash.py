@@ -4,7 +4,7 @@ pair under `vllm serve --speculative-model dflash` with the openai client."""
 
 import pytest
 
-from tests.fixtures import predictable as P
+from fixtures import predictable as P
 from tests.gpu.conftest import RUNNERS, TP, llm_args, run_engine, side_by_side
 
 K = 15
@@ -72,7 +72,7 @@ def test_verify_width_cuts_unconfident_drafts_v1(pair, tmp_path):
 
 @pytest.mark.parametrize("gguf", [False, True])
 def test_trained_hybrid_pair_gated_equals_no_speculation(trained_hybrid, tmp_path, gguf):
-    from tests.fixtures.trained import trained_model
+    from fixtures.trained import trained_model
     from vllm_luce.cli import main as cli
 
     target = trained_hybrid

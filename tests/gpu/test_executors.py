@@ -15,8 +15,8 @@ FAMILIES = {"qwen3": "Qwen3ForCausalLM", "qwen3_6": "LuceQwen3_5ForConditionalGe
 def model_dir(tiny_model, fixtures_root):
     def get(family):
         if family == "qwen3_6":  # as vLLM 0.26 serves Qwen3.6: the multimodal class
-            from tests.fixtures.conditional import as_conditional_generation
-            from tests.fixtures.tiny_models import build_model
+            from fixtures.conditional import as_conditional_generation
+            from fixtures.tiny_models import build_model
 
             # vLLM splits Gated DeltaNet key heads over TP ranks: one key head cannot run at TP=2
             # (vLLM alone asserts "qkv_dim=256 != 2*H*K + HV*V" on the lent GPUs)
@@ -24,7 +24,7 @@ def model_dir(tiny_model, fixtures_root):
                 "qwen3_6", fixtures_root / f"qwen3_6-tp{TP}", linear_num_key_heads=TP, linear_num_value_heads=2 * TP)
             return as_conditional_generation(base, fixtures_root / f"qwen3_6-cg-tp{TP}")
         if family == "gemma4":  # one head dim: what vLLM 0.26 with transformers 5.17 parses (tiny_models.py)
-            from tests.fixtures.tiny_models import GEMMA4_UNIFORM, build_model
+            from fixtures.tiny_models import GEMMA4_UNIFORM, build_model
 
             return build_model("gemma4", fixtures_root / "gemma4-uniform", **GEMMA4_UNIFORM)
         return tiny_model(family)

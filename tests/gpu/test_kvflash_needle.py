@@ -4,7 +4,7 @@
 
     LUCE_GPU_WORKERS=1 LUCE_GPU_TIMEOUT=560 bash scripts/gpu_tier.sh -k kvflash_needle   # one H100 or H200
 
-Cases: the needle harness of the CPU baselines (``tests/fixtures/needle.py``, held-out code, a ``KEY_<n> =
+Cases: the needle harness of the CPU baselines (``fixtures/needle.py``, held-out code, a ``KEY_<n> =
 "<digits>"`` line at depths 0.1-0.9, the prompt ends with ``KEY_<n> = "``), 2 seeds per depth (10 cases) at
 32K and 64K, and the multi-needle case at 32K (two other ``KEY_`` lines at random depths, the prompt asks for
 one). Every needle outside the sink and the 4 recent chunks is paged out during prefill, so a hit is a chunk
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures import needle as N
-from tests.fixtures.trained import heldout_files, trained_model
+from fixtures import needle as N
+from fixtures.trained import heldout_files, trained_model
 from tests.gpu.conftest import llm_args, run_engine
 from vllm_luce.config import SCHEMA
 

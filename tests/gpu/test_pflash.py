@@ -5,8 +5,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.fixtures import needle as N
-from tests.fixtures.trained import heldout_files, trained_model
+from fixtures import needle as N
+from fixtures.trained import heldout_files, trained_model
 from tests.gpu.conftest import llm_args, run_engine
 
 KEEP = 0.2

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.server import Server
-from tests.fixtures import needle as N
-from tests.fixtures.trained import heldout_files, trained_model
+from fixtures.server import Server
+from fixtures import needle as N
+from fixtures.trained import heldout_files, trained_model
 from tests.gpu.conftest import GPU_SHARE, KV_CACHE_BYTES, TP, VLLM_ADDITIONAL, gpu_env, keep_log
 
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a key up.",

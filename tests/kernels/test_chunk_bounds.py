@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.fixtures.vllm_kv import LAYOUTS, vllm_cache
+from fixtures.vllm_kv import LAYOUTS, vllm_cache
 from vllm_luce.kernels.chunk_bounds import bound_scores, bound_scores_naive, key_bounds, key_bounds_naive
 from vllm_luce.kernels.chunk_copy import LayerCaches
 from vllm_luce.kvflash.policies import Bounds, outward_fp8

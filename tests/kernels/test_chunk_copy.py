@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.fixtures.vllm_kv import LAYOUTS, vllm_cache
+from fixtures.vllm_kv import LAYOUTS, vllm_cache
 from vllm_luce.kernels.chunk_copy import gather_tokens, gather_tokens_naive, scatter_tokens, scatter_tokens_naive
 
 pytestmark = pytest.mark.kernel

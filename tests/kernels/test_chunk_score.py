@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.fixtures.vllm_kv import LAYOUTS, vllm_cache
+from fixtures.vllm_kv import LAYOUTS, vllm_cache
 from vllm_luce.kernels.chunk_copy import LayerCaches
 from vllm_luce.kernels.chunk_score import chunk_scores, chunk_scores_naive, key_means, key_means_naive
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.fixtures.vllm_kv import LAYOUTS, vllm_cache, vllm_keys_values
+from fixtures.vllm_kv import LAYOUTS, vllm_cache, vllm_keys_values
 from vllm_luce.kvflash.kv_store import CPU_LAYOUT, PACKED_LAYOUT, PagedPoolStore
 
 LAYERS, HEADS, HEAD, BLOCK, CHUNK, BLOCKS = 3, 2, 8, 16, 32, 12

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.fixtures.vllm_kv import vllm_cache
+from fixtures.vllm_kv import vllm_cache
 from vllm_luce.kvflash.kv_store import CPU_LAYOUT, PACKED_LAYOUT, PagedPoolStore
 from vllm_luce.kvflash.policies import (Bounds, bound_layer_scores, max_logit_layer_scores, outward_fp8,
                                         qk_scores)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.fixtures.trained import trained_model
+from fixtures.trained import trained_model
 from vllm_luce.config import LuceConfig, LuceConfigError
 from vllm_luce.pflash.drafter_spec import DrafterError, DrafterSpec
 from vllm_luce.pflash.install import install_pflash

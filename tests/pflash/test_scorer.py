@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.fixtures.trained import heldout_files, trained_model
+from fixtures.trained import heldout_files, trained_model
 from vllm_luce.pflash.drafter_spec import DrafterSpec
 from vllm_luce.pflash.scorer import DrafterScorer, ScoringConfig, choose_dtype
 

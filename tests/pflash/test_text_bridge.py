@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.fixtures.trained import trained_model
+from fixtures.trained import trained_model
 from vllm_luce.pflash.text_bridge import BridgedPrompt, TextBridge, char_spans
 
 
@@ -22,7 +22,7 @@ def test_char_spans_widen_to_whitespace_and_merge():
 def bridge(tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from tests.fixtures.tiny_models import build_tokenizer
+    from fixtures.tiny_models import build_tokenizer
 
     target = AutoTokenizer.from_pretrained(str(trained_model("tokenizer")))
     drafter = AutoTokenizer.from_pretrained(str(build_tokenizer(tmp_path_factory.mktemp("tok"))))

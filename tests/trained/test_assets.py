@@ -1,11 +1,11 @@
-"""The committed trained assets and their loader (tests/fixtures/trained.py)."""
+"""The committed trained assets and their loader (fixtures/trained.py)."""
 
 import json
 import shutil
 
 import pytest
 
-from tests.fixtures import trained as T
+from fixtures import trained as T
 
 MB = 1 << 20
 

@@ -1,4 +1,4 @@
-"""tests/fixtures/conditional.py without an engine: the Qwen3_5ForConditionalGeneration form of the tiny
+"""fixtures/conditional.py without an engine: the Qwen3_5ForConditionalGeneration form of the tiny
 `qwen3_6` fixture and of the trained target keeps every language-model tensor bit for bit, adds only a
 small vision tower, and tokenizes text as the original does."""
 
@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from tests.fixtures import conditional as C
-from tests.fixtures.trained import trained_model
+from fixtures import conditional as C
+from fixtures.trained import trained_model
 
 KB = 1 << 10
 TEXTS = ["def fibonacci(n):\n    ", "import json\n\nclass Encoder", "The quick brown fox", "<|im_start|>user\nhi",

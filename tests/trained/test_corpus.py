@@ -1,12 +1,12 @@
-"""The training corpus split and batches (benchmarks/fixtures/corpus.py)."""
+"""The training corpus split and batches (fixtures/corpus.py)."""
 
 import re
 
 import numpy as np
 import pytest
 
-from benchmarks.fixtures import corpus as C
-from tests.fixtures.trained import trained_model
+from fixtures import corpus as C
+from fixtures.trained import trained_model
 
 KEY_LINE = re.compile(r'KEY_(\d+) = "(\d+)"')
 
@@ -80,7 +80,7 @@ def test_repeated_spans_copy_earlier_tokens(tok, tokens):
 
 
 def test_needle_probe_matches_the_test_prompts(tok, tokens):
-    """The training-time probe asks what tests/fixtures/needle.py asks: one planted 6-digit line,
+    """The training-time probe asks what fixtures/needle.py asks: one planted 6-digit line,
     the query on the last line, the answer digits right after it."""
     cases = C.Batcher(tokens, tok, 512, seed=3).needle_probe(5)
     assert len(cases) == 5

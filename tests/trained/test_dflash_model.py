@@ -1,10 +1,10 @@
-"""The trainable DFlash drafter sees what vLLM's drafter sees (benchmarks/fixtures/dflash_model.py)."""
+"""The trainable DFlash drafter sees what vLLM's drafter sees (fixtures/dflash_model.py)."""
 
 import pytest
 import torch
 
-from benchmarks.fixtures import dflash_model as D
-from tests.fixtures.dflash_drafter import drafter_state_dict
+from fixtures import dflash_model as D
+from fixtures.dflash_drafter import drafter_state_dict
 
 TARGET = {"hidden_size": 128, "num_hidden_layers": 4, "vocab_size": 64, "max_position_embeddings": 512,
           "bos_token_id": 0, "eos_token_id": 2, "pad_token_id": 0,

@@ -1,11 +1,11 @@
-"""Needle prompts (tests/fixtures/needle.py)."""
+"""Needle prompts (fixtures/needle.py)."""
 
 import re
 
 import pytest
 
-from tests.fixtures import needle as N
-from tests.fixtures.trained import heldout_files, trained_model
+from fixtures import needle as N
+from fixtures.trained import heldout_files, trained_model
 
 
 @pytest.fixture(scope="module")
