@@ -237,9 +237,9 @@ def rows(kind: str, *stages: str) -> list[Hook]:
     return [h for h in HOOKS if h.kind == kind and (not stages or h.stage in stages)]
 
 
-def features(stage: str, target: str | None = None) -> list[Hook]:
-    """The feature-install rows of ``stage`` (and ``target``; a KV_CACHE_BOTH row serves either runner)."""
-    return [h for h in HOOKS if h.kind == FEATURE and h.stage == stage and (target is None or h.target == target)]
+def features(stage: str | None = None, target: str | None = None) -> list[Hook]:
+    """The feature-install rows of ``stage`` and/or ``target``, in table order."""
+    return [h for h in HOOKS if h.kind == FEATURE and stage in (None, h.stage) and target in (None, h.target)]
 
 
 def _check_caller(hook: Hook, frame) -> None:
