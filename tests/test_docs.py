@@ -3,7 +3,7 @@ README's configuration table against `vllm_luce/config.py`'s SCHEMA, docs/archit
 ledger against `vllm_luce/patches/ledger.py`'s LEDGER, and examples/ against
 tests/e2e/test_examples.py and README.
 
-    python -m tests.test_docs --write-ledger   # regenerate docs/architecture.md's ledger section
+    python -m tests.test_docs --write-ledger   # regenerate docs/architecture.md's hook table and ledger section
 """
 
 from __future__ import annotations
@@ -111,5 +111,8 @@ if __name__ == "__main__":
         sys.exit(__doc__)
     text = ARCHITECTURE.read_text()
     ledger_section()  # the markers must exist
-    ARCHITECTURE.write_text(text[:text.index(LEDGER_BEGIN)] + render_ledger() + text[text.index(LEDGER_END):])
-    print(f"wrote the patch ledger ({len(LEDGER)} patches) into {ARCHITECTURE.relative_to(ROOT)}")
+    from tests.test_hooks import write_hooks
+
+    text = write_hooks(text[:text.index(LEDGER_BEGIN)] + render_ledger() + text[text.index(LEDGER_END):])
+    ARCHITECTURE.write_text(text)
+    print(f"wrote the hook table and the patch ledger ({len(LEDGER)} patches) into {ARCHITECTURE.relative_to(ROOT)}")

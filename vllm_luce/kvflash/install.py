@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_luce import hooks
 from vllm_luce.config import LuceConfig, LuceConfigError
 from vllm_luce.kvflash.pager import KVFlashConfigError
 from vllm_luce.kvflash.settings import pager_config_from
@@ -27,7 +28,7 @@ from vllm_luce.kvflash.settings import pager_config_from
 def before_vllm_checks(vllm_config: Any, luce: LuceConfig) -> None:
     """Settings vLLM's own VllmConfig checks must see (prefix caching decides Mamba block sizes)."""
     if luce.kvflash.enabled and vllm_config.cache_config.enable_prefix_caching is not False:
-        vllm_config.cache_config.enable_prefix_caching = False
+        hooks.bind("vllm.config.cache:CacheConfig.enable_prefix_caching", vllm_config.cache_config, False)
 
 
 def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
@@ -56,14 +57,16 @@ def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
                               f"{lookahead + 1} tokens with speculation, so the pool needs at least "
                               f"{(lookahead + 1 + (cfg.sink_chunks + 2) * cfg.chunk_tokens)} tokens")
     _install_scheduler(sched)
-    sched.max_num_scheduled_tokens = min(sched.max_num_scheduled_tokens or sched.max_num_batched_tokens, step)
+    hooks.bind("vllm.config.scheduler:SchedulerConfig.max_num_scheduled_tokens", sched,
+               min(sched.max_num_scheduled_tokens or sched.max_num_batched_tokens, step))
     if not sched.long_prefill_token_threshold or sched.long_prefill_token_threshold > step:
-        sched.long_prefill_token_threshold = step
+        hooks.bind("vllm.config.scheduler:SchedulerConfig.long_prefill_token_threshold", sched, step)
     return f"pool {cfg.pool_tokens} tokens, chunks of {cfg.chunk_tokens}, policy {kv.policy}, step <= {step} tokens"
 
 
 def _install_scheduler(sched: Any) -> None:
-    from vllm_luce.spec_decode.install import GATED_SCHEDULERS, KVFLASH_SCHEDULERS, VLLM_DEFAULT_SCHEDULERS
+    from vllm_luce.spec_decode.install import (GATED_SCHEDULERS, KVFLASH_SCHEDULERS, SCHEDULER_CLS,
+                                               VLLM_DEFAULT_SCHEDULERS)
 
     current = sched.scheduler_cls
     if current in GATED_SCHEDULERS.values() or current in KVFLASH_SCHEDULERS.values():
@@ -71,4 +74,4 @@ def _install_scheduler(sched: Any) -> None:
     if current not in VLLM_DEFAULT_SCHEDULERS:
         raise LuceConfigError(f"--scheduler-cls {current}: KVFlash needs vllm-luce's scheduler class (it schedules "
                               "a pooled prompt's last token alone); drop --scheduler-cls or turn luce.kvflash off")
-    sched.scheduler_cls = KVFLASH_SCHEDULERS[bool(getattr(sched, "async_scheduling", False))]
+    hooks.bind(SCHEDULER_CLS, sched, KVFLASH_SCHEDULERS[bool(getattr(sched, "async_scheduling", False))])

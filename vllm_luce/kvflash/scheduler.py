@@ -37,7 +37,9 @@ class KVFlashSchedulerMixin:
             from vllm_luce.patches import check_signature, ledger_signature
 
             check_signature(TARGET, Scheduler._mamba_block_aligned_split, ledger_signature(TARGET))
-            self.need_mamba_block_aligned_split = True
+            from vllm_luce import hooks
+
+            hooks.bind("vllm.v1.core.sched.scheduler:Scheduler.need_mamba_block_aligned_split", self, True)
 
     def _mamba_block_aligned_split(self, request, num_new_tokens: int, num_new_local_computed_tokens: int = 0,
                                    num_external_computed_tokens: int = 0) -> int:

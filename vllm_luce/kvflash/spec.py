@@ -101,10 +101,11 @@ class KVFlashManager(FullAttentionManager):
 def _register() -> None:
     """vLLM fills its built-in registrations only while the registry is empty, so they are made first;
     then KVFlashSpec joins as its own group type (never merged with plain full attention)."""
-    from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
+    from vllm_luce import hooks
 
-    KVCacheSpecRegistry._ensure_registered()
-    KVCacheSpecRegistry.register(KVFlashSpec, KVFlashManager, uniform_type_base_spec=KVFlashSpec)
+    hooks.register("vllm.v1.kv_cache_spec_registry:KVCacheSpecRegistry._ensure_registered")
+    hooks.register("vllm.v1.kv_cache_spec_registry:KVCacheSpecRegistry.register", KVFlashSpec, KVFlashManager,
+                   uniform_type_base_spec=KVFlashSpec)
 
 
 # At import: any process holding a KVFlashSpec (the model's, or the scheduler's after unpickling the

@@ -32,7 +32,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from vllm_luce import metrics
+from vllm_luce import hooks, metrics
 from vllm_luce.kvflash.host_pool import PinnedChunkPool
 from vllm_luce.kvflash.kv_store import (CPU_LAYOUT, PACKED_LAYOUT, PagedPoolStore, TokenLayout, copy_stream_for,
                                        to_device_async)
@@ -314,7 +314,8 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
                              reduce_max=_tp_reduce_max(), **runtime_options(runner.vllm_config, luce))
     _bind_slot_mapping(runner, block_table, runtime)
     for attn_group in attn_groups:
-        attn_group.metadata_builders = [_PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
+        builders = [_PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
+        hooks.bind("vllm.v1.worker.utils:AttentionGroup.metadata_builders", attn_group, builders)
     for index, name in enumerate(group.layer_names):
         _capture_queries(forward_context[name], index, runtime)
     _bind_release(runner, runtime)
@@ -381,7 +382,7 @@ def _bind_slot_mapping(runner, block_table, runtime: KVFlashRuntime) -> None:
         block_table.slot_mapping.np[:n] = slots
         block_table.slot_mapping.copy_to_gpu(n)
 
-    block_table.compute_slot_mapping = compute_slot_mapping
+    hooks.bind("vllm.v1.worker.block_table:BlockTable.compute_slot_mapping", block_table, compute_slot_mapping)
 
 
 class _PooledBuilder:
@@ -431,7 +432,7 @@ def _capture_queries(layer, index: int, runtime: KVFlashRuntime) -> None:
             runtime.observe_queries(index, query[: attn_metadata.num_actual_tokens])
         return forward(layer_, query, key, value, kv_cache, attn_metadata, output, *args, **kwargs)
 
-    impl.forward = forward_observed
+    hooks.bind("vllm.v1.attention.backend:AttentionImpl.forward", impl, forward_observed)
 
 
 def _bind_release(runner, runtime: KVFlashRuntime) -> None:
@@ -442,7 +443,7 @@ def _bind_release(runner, runtime: KVFlashRuntime) -> None:
         runtime.release(scheduler_output.preempted_req_ids or ())
         return update_states(scheduler_output, *args, **kwargs)
 
-    runner._update_states = _update_states
+    hooks.bind("vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states", runner, _update_states)
 
 
 def _tp_reduce_max():

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vllm_luce import hooks
 from vllm_luce.kvflash.settings import pager_config_from
 from vllm_luce.kvflash.worker import (KVFlashRuntime, _capture_queries, _PooledBuilder, _tp_reduce_max,
                                       cache_layout, pooled_group, runtime_options)
@@ -74,11 +75,13 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
                 rows.pop(index, None)
         return finish_requests(scheduler_output)
 
-    block_tables.append_block_ids = append_block_ids_mirrored
-    block_tables.compute_slot_mappings = compute_slot_mappings_pooled
-    runner.finish_requests = finish_requests_releasing
+    hooks.bind("vllm.v1.worker.gpu.block_table:BlockTables.append_block_ids", block_tables, append_block_ids_mirrored)
+    hooks.bind("vllm.v1.worker.gpu.block_table:BlockTables.compute_slot_mappings", block_tables,
+               compute_slot_mappings_pooled)
+    hooks.bind("vllm.v1.worker.gpu.model_runner:GPUModelRunner.finish_requests", runner, finish_requests_releasing)
     for attn_group in runner.attn_groups[gid]:
-        attn_group.metadata_builders = [_PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
+        builders = [_PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
+        hooks.bind("vllm.v1.worker.utils:AttentionGroup.metadata_builders", attn_group, builders)
     for index, name in enumerate(group.layer_names):
         _capture_queries(forward_context[name], index, runtime)
     runner.luce_kvflash = runtime

@@ -20,11 +20,10 @@ def install() -> None:
     if _installed:
         return
     claim_directory()
-    from prometheus_client import REGISTRY
-
+    from vllm_luce import hooks
     from vllm_luce.metrics.collector import LuceCollector
 
-    REGISTRY.register(LuceCollector(STORE))
+    hooks.register("prometheus_client:REGISTRY.register", LuceCollector(STORE))
     _installed = True
 
 

@@ -8,6 +8,7 @@ which executor serves the model, since vLLM's own override log is debug-only.
 
 from __future__ import annotations
 
+from vllm_luce import hooks
 from vllm_luce.config import LuceConfig
 from vllm_luce.log import logger, tag
 from vllm_luce.model_executor.layer_plan import LINEAR, LayerInfo, LayerPlan, layer_info_from_attention
@@ -49,7 +50,7 @@ def pool_full_attention(model, plan: LayerPlan, luce: LuceConfig) -> None:
         def get_kv_cache_spec(vllm_config, _upstream=upstream):
             return KVFlashSpec.from_full_attention(_upstream(vllm_config), pool_tokens)
 
-        attn.get_kv_cache_spec = get_kv_cache_spec
+        hooks.bind("vllm.model_executor.layers.attention:Attention.get_kv_cache_spec", attn, get_kv_cache_spec)
 
 
 class LuceExecutor:
@@ -65,7 +66,7 @@ class LuceExecutor:
         super().__init_subclass__(**kwargs)
         upstream = next((b for b in cls.__mro__[1:] if b.__module__.startswith("vllm.")), None)
         if upstream is not None:
-            cls.__name__ = upstream.__name__
+            hooks.bind("vllm.model_executor.models:<upstream model class>.__name__", cls, upstream.__name__)
 
     def __init__(self, *, vllm_config, prefix: str | None = None) -> None:
         # vLLM recognises model classes by the `vllm_config`/`prefix` keywords; an omitted prefix

@@ -43,18 +43,18 @@ DRAFTERS: dict[str, str] = {
 
 
 def register_drafters() -> None:
-    from vllm.model_executor.models import ModelRegistry
+    from vllm_luce import hooks
 
     for architecture, class_path in DRAFTERS.items():
-        ModelRegistry.register_model(architecture, class_path)
+        hooks.register("vllm.model_executor.models:ModelRegistry.register_model", architecture, class_path)
 
 
 def register_executors(environ=None) -> str:
     """Register the executors with vLLM's ModelRegistry; returns a one-line description."""
     if executors_mode(environ) == "off":
         return f"off ({EXECUTORS_ENV}=off: vLLM's own model classes)"
-    from vllm.model_executor.models import ModelRegistry
+    from vllm_luce import hooks
 
     for architecture, class_path in EXECUTORS.items():
-        ModelRegistry.register_model(architecture, class_path)
+        hooks.register("vllm.model_executor.models:ModelRegistry.register_model", architecture, class_path)
     return f"auto ({len(EXECUTORS)} architectures: {', '.join(EXECUTORS)})"

@@ -1,10 +1,10 @@
 """Patches: every place vllm-luce changes vLLM code it does not own, and the tools that apply them.
 
-Registries come first (models: ModelRegistry; later KV specs, attention backends). A patch is
-used only where vLLM has no hook. Each patch lives in its own module named after its target,
-checks the target's signature before touching it (a mismatch stops startup), is idempotent,
-and has an entry in the ledger (``ledger.py``) saying why it exists, how it works and when it can
-be removed.
+Registries come first (models: ModelRegistry, KV specs); every hook, patch or not, is a row of
+``vllm_luce/hooks.py``, whose patch rows ``apply_patches`` iterates. A patch is used only where vLLM
+has no hook. Each patch lives in its own module named after its target, checks the target's
+signature before touching it (a mismatch stops startup), is idempotent, and has an entry in the
+ledger (``ledger.py``) saying why it exists, how it works and when it can be removed.
 """
 
 from __future__ import annotations
@@ -31,7 +31,10 @@ def installed_series() -> str:
 def ledger_signature(target: str, series: str | None = None) -> str | None:
     """The signature the ledger records for ``module:Owner.name`` in a vLLM series (the installed one by
     default); None where vllm-luce leaves that target alone in the series."""
-    entry = next(e for e in LEDGER if e.target == target)
+    entry = next((e for e in LEDGER if e.target == target), None)
+    if entry is None:
+        raise PatchTargetChanged(f"{target} has no ledger entry (vllm_luce/patches/ledger.py); add one and its "
+                                 "row in vllm_luce/hooks.py before patching it")
     return entry.signature_in(series or installed_series())
 
 
@@ -122,32 +125,36 @@ def when_imported(module_name: str, callback: Callable[[], object]) -> None:
 
 
 def apply_engine_client_patches(pflash: bool) -> None:
-    """The engine-client patches, applied by the VllmConfig patch when the DFlash gate or PFlash is on: the
-    per-request switches' check, PFlash's prompt compression and (PFlash only) the chat request's skip reason."""
-    from vllm_luce.patches import async_llm, chat_completion_request, llm_engine
+    """The engine-client patch rows of vllm_luce/hooks.py, applied by the VllmConfig patch when the DFlash gate or
+    PFlash is on: the per-request switches' check, PFlash's prompt compression and (PFlash only) the chat request's
+    skip reason."""
+    from vllm_luce import hooks
 
-    for module in (async_llm, llm_engine) + ((chat_completion_request,) if pflash else ()):
-        _apply_when_imported(module)
+    stages = (hooks.ENGINE_CLIENT, hooks.ENGINE_CLIENT_PFLASH) if pflash else (hooks.ENGINE_CLIENT,)
+    _apply_when_imported(hooks.rows(hooks.PATCH, *stages))
 
 
-def _apply_when_imported(module) -> None:
-    """Apply a patch module once its target's module is imported, unless the ledger says vllm-luce leaves
-    that target alone in the installed vLLM series."""
-    if ledger_signature(module.TARGET) is not None:
-        when_imported(module.TARGET.split(":")[0], module.apply)
+def _apply_when_imported(rows) -> None:
+    """Apply each row's patch module once its target's module is imported, unless the ledger says vllm-luce leaves
+    that target alone in the installed vLLM series (a module with several rows is applied once)."""
+    import importlib
+
+    series, seen = installed_series(), set()
+    for row in rows:
+        if row.ledger.signature_in(series) is None or row.owners in seen:
+            continue
+        seen.add(row.owners)
+        when_imported(row.target.split(":")[0], importlib.import_module(row.owners[0]).apply)
 
 
 def apply_patches() -> None:
-    from vllm_luce.patches import (cpu_bf16_linear, cpu_dflash_context_kv, cpu_expand_kernel, cpu_gdn_chunk,
-                                   cpu_gdn_decode_inputs,
-                                   cpu_gdn_prefill_conv, cpu_gdn_spec, cpu_rms_norm, dflash_proposer, engine_args,
-                                   gpu_model_runner, gpu_model_runner_kv_cache, gpu_v2_model_runner_kv_cache,
-                                   vllm_config)
+    """The patch rows of vllm_luce/hooks.py: the startup ones now, in every process; the worker-side ones right
+    after their module is first imported. (Engine-client rows: apply_engine_client_patches; the scheduler's
+    override: vllm-luce's scheduler classes.)"""
+    import importlib
 
-    vllm_config.apply()
-    engine_args.apply()
-    for module in (cpu_bf16_linear, cpu_dflash_context_kv, cpu_gdn_chunk, cpu_expand_kernel, cpu_gdn_spec,
-                   cpu_gdn_decode_inputs,
-                   cpu_gdn_prefill_conv, cpu_rms_norm, gpu_model_runner, gpu_model_runner_kv_cache,
-                   gpu_v2_model_runner_kv_cache, dflash_proposer):
-        _apply_when_imported(module)
+    from vllm_luce import hooks
+
+    for module in dict.fromkeys(row.owners[0] for row in hooks.rows(hooks.PATCH, hooks.STARTUP)):
+        importlib.import_module(module).apply()
+    _apply_when_imported(hooks.rows(hooks.PATCH, hooks.ON_IMPORT))

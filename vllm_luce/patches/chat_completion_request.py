@@ -29,7 +29,10 @@ def _make_wrapper(original):
         if reason is not None:
             from vllm_luce.pflash.frontend import SKIP_KEY
 
-            params.extra_args = {**(params.extra_args or {}), SKIP_KEY: reason}
+            from vllm_luce import hooks
+
+            hooks.bind("vllm.sampling_params:SamplingParams.extra_args", params,
+                       {**(params.extra_args or {}), SKIP_KEY: reason})
         return params
 
     return to_sampling_params

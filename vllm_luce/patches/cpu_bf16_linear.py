@@ -51,9 +51,13 @@ def _make_wrapper(original):
     def dispatch_cpu_unquantized_gemm(layer, remove_weight):
         if not upcast(layer.weight):
             return original(layer, remove_weight)
-        layer.cpu_linear = float32_linear(layer.weight, getattr(layer, "bias", None))
+        from vllm_luce import hooks
+
+        hooks.bind("vllm.model_executor.layers.linear:LinearBase.cpu_linear", layer,
+                   float32_linear(layer.weight, getattr(layer, "bias", None)))
         if remove_weight:  # as vLLM's own prepacked paths do: the copy is what the layer computes with
-            layer.weight = torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype), requires_grad=False)
+            hooks.bind("vllm.model_executor.layers.linear:LinearBase.weight", layer,
+                       torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype), requires_grad=False))
         return None
 
     return dispatch_cpu_unquantized_gemm

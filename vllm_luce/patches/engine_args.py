@@ -8,6 +8,7 @@ import functools
 import json
 from pathlib import Path
 
+from vllm_luce import hooks
 from vllm_luce.log import logger, tag
 from vllm_luce.patches import ledger_signature, wrap_method
 from vllm_luce.spec_decode import resolve as R
@@ -45,7 +46,7 @@ def _make_add_cli_args(original):
             parser.add_argument("--speculative-model", dest="spec_model", default=None, help=FLAG_HELP)
         for action in parser._actions:
             if "--additional-config" in action.option_strings:
-                action.type = additional_config_json
+                hooks.bind("argparse:Action.type (vLLM's --additional-config)", action, additional_config_json)
         return parser
 
     return add_cli_args
@@ -78,12 +79,12 @@ def apply_dflash_defaults(engine_args, target: str, target_text_config: dict) ->
     def set_default(flag_attr: str, key: str, value) -> None:
         if getattr(engine_args, flag_attr) is None and key not in spec:
             if from_flag:
-                setattr(engine_args, flag_attr, value)
+                hooks.bind(f"vllm.engine.arg_utils:EngineArgs.{flag_attr}", engine_args, value)
             else:
                 spec[key] = value
 
     if from_flag:
-        engine_args.spec_model = resolved.path
+        hooks.bind("vllm.engine.arg_utils:EngineArgs.spec_model", engine_args, resolved.path)
     else:
         spec["model"] = resolved.path
     set_default("spec_method", "method", "dflash")
@@ -93,7 +94,7 @@ def apply_dflash_defaults(engine_args, target: str, target_text_config: dict) ->
         R.check_drafter_matches_target(drafter_config, target_text_config, resolved.path, target)
         R.check_drafter_weights(resolved.path, "--speculative-model" if from_flag else "--speculative-config model")
     if not from_flag:
-        engine_args.speculative_config = spec
+        hooks.bind("vllm.engine.arg_utils:EngineArgs.speculative_config", engine_args, spec)
     fitted = fit_draft_slots(engine_args, engine_args.spec_tokens if from_flag else spec.get("num_speculative_tokens"))
     if fitted is not None:
         logger.info("%s: DFlash reserves %s draft slots per running request in each step's token budget; vLLM's "
@@ -117,7 +118,8 @@ def fit_draft_slots(engine_args, num_speculative_tokens: int | None) -> tuple[in
     short = [budgets[c] for c, seqs in seqs_defaults.items() if c in budgets and budgets[c] - slots * seqs <= 0]
     if not short:  # the defaults fit in every usage context (offline LLM, vllm serve)
         return None
-    engine_args.max_num_seqs = 1 << max(0, (min(short) // (2 * slots)).bit_length() - 1)
+    seqs = 1 << max(0, (min(short) // (2 * slots)).bit_length() - 1)
+    hooks.bind("vllm.engine.arg_utils:EngineArgs.max_num_seqs", engine_args, seqs)
     return engine_args.max_num_seqs, slots
 
 

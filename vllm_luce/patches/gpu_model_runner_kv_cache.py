@@ -4,32 +4,28 @@
 from __future__ import annotations
 
 import functools
-import importlib
 
 from vllm_luce.patches import ledger_signature, wrap_method
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"
 
 
-def binding_wrapper(bind: str):
-    """A wrapper factory for initialize_kv_cache that, after vLLM's code, calls ``bind(runner, luce)``
-    with luce.kvflash on (``bind`` is "module:function", imported only then) and, with luce.pflash on,
-    loads the PFlash drafter onto the runner (pflash.worker.bind)."""
+def binding_wrapper(target: str):
+    """A wrapper factory for initialize_kv_cache (``target``) that, after vLLM's code, runs the feature-install rows
+    of vllm_luce/hooks.py for that runner whose feature is on (``bind(runner, luce)``): KVFlash's binding, then
+    PFlash's drafter (loaded on rank 0)."""
 
     def make(original):
         @functools.wraps(original)
         def initialize_kv_cache(self, kv_cache_config, *args, **kwargs):  # the other parameters vary by series
             original(self, kv_cache_config, *args, **kwargs)
+            from vllm_luce import hooks
             from vllm_luce.config import LuceConfig
 
             luce = LuceConfig.from_vllm_config(self.vllm_config)
-            if luce.kvflash.enabled:
-                module, function = bind.split(":")
-                getattr(importlib.import_module(module), function)(self, luce)
-            if luce.pflash.enabled:
-                from vllm_luce.pflash.worker import bind as bind_pflash
-
-                bind_pflash(self, luce)
+            for hook in hooks.features(target=target) + hooks.features(hooks.KV_CACHE_BOTH):
+                if getattr(luce, hook.feature.lower()).enabled:
+                    hook.function()(self, luce)
 
         return initialize_kv_cache
 
@@ -40,4 +36,4 @@ def apply() -> bool:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     return wrap_method(GPUModelRunner, "initialize_kv_cache", ledger_signature(TARGET),
-                       binding_wrapper("vllm_luce.kvflash.worker:bind_v1"))
+                       binding_wrapper(TARGET))

@@ -12,4 +12,4 @@ def apply() -> bool:
     from vllm.v1.worker.gpu.model_runner import GPUModelRunner
 
     return wrap_method(GPUModelRunner, "initialize_kv_cache", ledger_signature(TARGET),
-                       binding_wrapper("vllm_luce.kvflash.worker_v2:bind_v2"))
+                       binding_wrapper(TARGET))

@@ -15,19 +15,14 @@ def _make_wrapper(original):
     @functools.wraps(original)
     def __post_init__(self) -> None:
         luce = LuceConfig.from_vllm_config(self)
-        from vllm_luce.kvflash.install import before_vllm_checks
+        from vllm_luce import hooks
 
-        before_vllm_checks(self, luce)
+        for hook in hooks.features(hooks.BEFORE_CHECKS):
+            hook.function()(self, luce)
         original(self)
-        from vllm_luce.spec_decode.install import install_gate
-
-        gated = install_gate(self, luce)
-        from vllm_luce.kvflash.install import install_kvflash
-
-        kvflash = install_kvflash(self, luce)
-        from vllm_luce.pflash.install import install_pflash
-
-        pflash = install_pflash(self, luce)
+        # the feature installs of vllm_luce/hooks.py in table order: the DFlash gate, KVFlash, PFlash
+        done = {hook.feature: hook.function()(self, luce) for hook in hooks.features(hooks.AFTER_CHECKS)}
+        gated, kvflash, pflash = done["DFlash"], done["KVFlash"], done["PFlash"]
         if pflash or gated:
             from vllm_luce.patches import apply_engine_client_patches
 

@@ -57,4 +57,6 @@ def _install_worker_extension(vllm_config: Any) -> None:
     if current and current != EXTENSION:
         raise LuceConfigError(f"luce.pflash: needs --worker-extension-cls {EXTENSION}, but it is set to "
                               f"{current!r}; PFlash cannot share the worker extension with another class")
-    parallel.worker_extension_cls = EXTENSION
+    from vllm_luce import hooks
+
+    hooks.bind("vllm.config.parallel:ParallelConfig.worker_extension_cls", parallel, EXTENSION)

@@ -11,6 +11,7 @@ GATED_SCHEDULERS = {
     False: "vllm_luce.spec_decode.scheduler.LuceGatedScheduler",
     True: "vllm_luce.spec_decode.scheduler.LuceGatedAsyncScheduler",
 }
+SCHEDULER_CLS = "vllm.config.scheduler:SchedulerConfig.scheduler_cls"
 VLLM_DEFAULT_SCHEDULERS = (None, "vllm.v1.core.sched.scheduler.Scheduler",
                            "vllm.v1.core.sched.async_scheduler.AsyncScheduler")
 # KVFlash's own (the gated classes carry its hook too, so the gate may replace them)
@@ -42,5 +43,7 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
         raise LuceConfigError(
             f"--scheduler-cls {current}: vllm-luce's DFlash gate needs its own scheduler class; drop "
             "--scheduler-cls or set --additional-config '{\"luce\": {\"dflash\": {\"gate\": false}}}'")
-    sched.scheduler_cls = GATED_SCHEDULERS[bool(getattr(sched, "async_scheduling", False))]
+    from vllm_luce import hooks
+
+    hooks.bind(SCHEDULER_CLS, sched, GATED_SCHEDULERS[bool(getattr(sched, "async_scheduling", False))])
     return sched.scheduler_cls

@@ -20,7 +20,7 @@ import time
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from vllm_luce import metrics, request_args
+from vllm_luce import hooks, metrics, request_args
 from vllm_luce.kvflash.scheduler import KVFlashSchedulerMixin
 from vllm_luce.log import logger, tag
 from vllm_luce.spec_decode.gate import SpecGate
@@ -74,7 +74,7 @@ class DFlashGateMixin:
         super().__init__(*args, **kwargs)
         self.luce_gate = SpecGate()
         self.luce_max_spec_tokens = self.num_spec_tokens
-        self.dynamic_sd_lookup = GatedLookup(self)
+        hooks.bind("vllm.v1.core.sched.scheduler:Scheduler.dynamic_sd_lookup", self, GatedLookup(self))
         self._luce_batch = 0  # the batch size of the latest decision
         self._luce_scheduled_at: dict[int, tuple] = {}  # a step's output -> its start, batch, whether measured
         self._luce_last_update = 0.0
@@ -96,7 +96,7 @@ class DFlashGateMixin:
         if k == 0 or gate.holds_back:
             for request in self.running:
                 if request.spec_token_ids and (k == 0 or not gate.request_may_draft(request.request_id)):
-                    request.spec_token_ids = []  # verify nothing for it this step
+                    hooks.bind("vllm.v1.request:Request.spec_token_ids", request, [])  # verify nothing this step
         try:
             output = super().schedule(*args, **kwargs)
         finally:

@@ -1,0 +1,267 @@
+"""vllm_luce/hooks.py's table against the code: every owner exists, every touch of a vLLM object in vllm_luce/
+goes through the table's helpers (a source scan), and docs/architecture.md's hook table is rendered from it.
+
+    python -m tests.test_docs --write-ledger   # regenerate the hook table and the patch ledger in the docs
+"""
+
+from __future__ import annotations
+
+import ast
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from vllm_luce import hooks
+from vllm_luce.patches import LEDGER
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "vllm_luce"
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+HOOKS_BEGIN = "<!-- generated from vllm_luce/hooks.py by `python -m tests.test_docs --write-ledger` -->"
+HOOKS_END = "<!-- end of the generated hook table -->"
+
+# The code that performs touches for the table (the helpers, and the patch tools they share with wrap_method).
+MACHINERY = {"vllm_luce.hooks:bind", "vllm_luce.hooks:register", "vllm_luce.patches:wrap_method",
+             "vllm_luce.patches:wrap_function", "vllm_luce.patches:_AfterImport.find_spec"}
+# Local names that hold vllm-luce's own objects (attribute stores on them are no touch of vLLM).
+OWN_OBJECTS = {
+    ("vllm_luce.kvflash.worker", "store"),  # PagedPoolStore
+    ("vllm_luce.kvflash.worker", "pager"),  # RequestPager / RequestSelection
+    ("vllm_luce.spec_decode.gate", "r"),  # Regime
+    ("vllm_luce.spec_decode.gate", "state"),  # the gate's per-request state
+    ("vllm_luce.spec_decode.scheduler", "lookup"),  # GatedLookup
+    ("vllm_luce.patches", "wrapper"),  # a patch's wrapper function
+}
+REGISTRY_CALLS = {"register", "register_model", "_ensure_registered"}
+NOT_VLLM = {"atexit"}  # registries that are not vLLM's (atexit.register)
+LUCE_PREFIXES = ("luce_", "_luce_", "__luce_")
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def sources() -> dict[str, ast.Module]:
+    return {module_name(p): ast.parse(p.read_text(), str(p)) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def vllm_facing_classes(trees: dict[str, ast.Module]) -> set[str]:
+    """vllm-luce classes whose instances are vLLM objects: subclasses of a class imported from vLLM, and the
+    mixins listed beside such a base (their ``self`` is the vLLM object)."""
+    facing: set[str] = set()
+    for tree in trees.values():
+        from_vllm = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                     and (node.module or "").split(".")[0] == "vllm" for alias in node.names}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                bases = [b.id for b in node.bases if isinstance(b, ast.Name)]
+                if any(b in from_vllm for b in bases):
+                    facing |= {node.name, *bases} - from_vllm
+    return facing
+
+
+def root_name(node: ast.AST) -> str | None:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+class Scanner(ast.NodeVisitor):
+    def __init__(self, module: str, facing: set[str]):
+        self.module, self.facing = module, facing
+        self.scope: list[tuple[str, str]] = []  # (kind, name): "class" or "def"
+        self.found: list[str] = []
+
+    def qualname(self) -> str:
+        parts = []
+        for i, (kind, name) in enumerate(self.scope):
+            parts.append(name)
+            if kind == "def" and i < len(self.scope) - 1:
+                parts.append("<locals>")
+        return ".".join(parts)
+
+    def where(self, node) -> str:
+        return f"{self.module}:{self.qualname() or '<module>'} line {node.lineno}"
+
+    def enclosing_class(self) -> str | None:
+        return next((name for kind, name in reversed(self.scope) if kind == "class"), None)
+
+    def own(self, root: str | None) -> bool:
+        if root in ("self", "cls"):
+            return self.enclosing_class() not in self.facing
+        return (self.module, root) in OWN_OBJECTS
+
+    def in_machinery(self) -> bool:
+        caller = f"{self.module}:{self.qualname()}"
+        return self.module == "vllm_luce.hooks" or any(caller == m or caller.startswith(m + ".") for m in MACHINERY)
+
+    def scoped(self, kind, node):
+        self.scope.append((kind, node.name))
+        self.generic_visit(node)
+        self.scope.pop()
+
+    def visit_ClassDef(self, node):
+        self.scoped("class", node)
+
+    def visit_FunctionDef(self, node):
+        self.scoped("def", node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def store(self, target, node):
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for t in target.elts:
+                self.store(t, node)
+        elif isinstance(target, ast.Attribute):
+            if not target.attr.startswith(LUCE_PREFIXES) and not self.own(root_name(target.value)) \
+                    and not self.in_machinery():
+                self.found.append(f"{self.where(node)}: assigns .{target.attr} (use hooks.bind and a row)")
+        elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Attribute) \
+                and target.value.attr == "__dict__":
+            key = target.slice.value if isinstance(target.slice, ast.Constant) else None
+            if not (isinstance(key, str) and key.startswith(LUCE_PREFIXES)):
+                self.found.append(f"{self.where(node)}: stores into __dict__")
+
+    def visit_Assign(self, node):
+        for target in node.targets:
+            self.store(target, node)
+        self.generic_visit(node)
+
+    def visit_AugAssign(self, node):
+        self.store(node.target, node)
+        self.generic_visit(node)
+
+    visit_AnnAssign = visit_AugAssign
+
+    def visit_Call(self, node):
+        func = node.func
+        if isinstance(func, ast.Name) and func.id in ("setattr", "delattr") and node.args:
+            if not self.own(root_name(node.args[0])) and not self.in_machinery():
+                self.found.append(f"{self.where(node)}: {func.id}() (use hooks.bind and a row)")
+        elif isinstance(func, ast.Attribute) and root_name(func) == "hooks" and func.attr in ("bind", "register"):
+            self.check_helper_call(func.attr, node)
+        elif isinstance(func, ast.Attribute) and (func.attr in REGISTRY_CALLS or func.attr.startswith("register_")) \
+                and root_name(func) not in NOT_VLLM:
+            self.found.append(f"{self.where(node)}: calls .{func.attr}() (use hooks.register and a row)")
+        self.generic_visit(node)
+
+    def check_helper_call(self, helper: str, node):
+        caller = f"{self.module}:{self.qualname()}"
+        kinds = (hooks.REGISTRY,) if helper == "register" else (hooks.CLASS_PATH, hooks.SETTING, hooks.REBINDING)
+        owns = lambda h: any(caller == o or caller.startswith(o + ".<locals>.") for o in h.owners)  # noqa: E731
+        target = node.args[0] if node.args else None
+        if isinstance(target, ast.Constant):
+            row = next((h for h in hooks.HOOKS if h.target == target.value and h.kind in kinds), None)
+            if row is None or not owns(row):
+                self.found.append(f"{self.where(node)}: hooks.{helper}({target.value!r}) "
+                                  f"{'has no row' if row is None else 'is not among the row owners'}")
+        elif not any(owns(h) for h in hooks.HOOKS if h.kind in kinds):  # computed: checked when it runs
+            self.found.append(f"{self.where(node)}: hooks.{helper}() from a function that owns no row")
+
+
+def violations(extra: dict[str, str] | None = None) -> list[str]:
+    trees = sources()
+    trees.update({name: ast.parse(text) for name, text in (extra or {}).items()})
+    facing = vllm_facing_classes(trees)
+    found = []
+    for module, tree in trees.items():
+        scanner = Scanner(module, facing)
+        scanner.visit(tree)
+        found += scanner.found
+    return found
+
+
+def test_nothing_binds_to_vllm_outside_the_table():
+    found = violations()
+    assert not found, "touches of vLLM outside vllm_luce/hooks.py's table:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("source", [
+    "def bind(runner):\n    runner.execute_model = None\n",
+    "def bind(runner):\n    setattr(runner, 'execute_model', None)\n",
+    "def bind(sched):\n    sched.scheduler_cls = 'x.Y'\n",
+    "from vllm.v1.core.sched.scheduler import Scheduler\nclass S(Scheduler):\n"
+    "    def __init__(self):\n        self.dynamic_sd_lookup = {}\n",
+    "def reg():\n    from vllm.model_executor.models import ModelRegistry\n    ModelRegistry.register_model('A', 'b:C')\n",
+    "from vllm_luce import hooks\ndef stray(s):\n"
+    "    hooks.bind('vllm.config.scheduler:SchedulerConfig.scheduler_cls', s, 'x.Y')\n",
+    "from vllm_luce import hooks\ndef stray(s):\n    hooks.bind('vllm.config.scheduler:SchedulerConfig.nope', s, 1)\n",
+])
+def test_the_scan_catches_a_touch_outside_the_table(source):
+    assert violations({"vllm_luce.probe": source})
+
+
+def test_the_helpers_refuse_targets_without_a_row_and_callers_that_do_not_own_it():
+    class Obj:
+        pass
+
+    with pytest.raises(hooks.HookNotInTable, match="not in vllm_luce/hooks.py's table"):
+        hooks.bind("vllm.config.scheduler:SchedulerConfig.nope", Obj(), 1)
+    with pytest.raises(hooks.HookNotInTable, match="gives to vllm_luce.spec_decode.install:install_gate"):
+        hooks.bind("vllm.config.scheduler:SchedulerConfig.scheduler_cls", Obj(), "x.Y")
+    with pytest.raises(hooks.HookNotInTable, match="not a registry"):
+        hooks.register("vllm.v1.request:Request.spec_token_ids")
+
+
+def test_every_row_is_well_formed_and_its_owners_exist():
+    assert len({(h.kind, h.target, h.owners) for h in hooks.HOOKS}) == len(hooks.HOOKS)
+    bindable = [h.target for h in hooks.HOOKS if h.kind in (hooks.CLASS_PATH, hooks.SETTING, hooks.REBINDING)]
+    assert len(bindable) == len(set(bindable)), "one row per bound target (list its owners in the row)"
+    for h in hooks.HOOKS:
+        assert h.kind in hooks.KINDS and h.owners and h.feature and h.why, h
+        for owner in h.owners:
+            assert hooks.resolve(owner) is not None, owner
+        if h.kind == hooks.PATCH:
+            assert h.ledger is not None and h.ledger.target == h.target and h.stage, h.target
+            assert callable(getattr(hooks.resolve(h.owners[0]), "apply", None)) or h.stage == hooks.SCHEDULER_START
+        if h.kind == hooks.FEATURE:
+            assert len(h.owners) == 1 and callable(h.function()) and h.stage, h
+
+
+def test_every_ledger_patch_has_one_row():
+    assert [h.target for h in hooks.rows(hooks.PATCH)] == [e.target for e in LEDGER]
+
+
+def test_the_plugin_entry_point_is_the_table_s():
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    (row,) = [h for h in hooks.rows(hooks.REGISTRY) if h.target.startswith("entry point")]
+    plugins = pyproject["project"]["entry-points"]["vllm.general_plugins"]
+    assert row.target == f"entry point vllm.general_plugins: {', '.join(plugins)}"
+    assert list(plugins.values()) == list(row.owners)
+
+
+def render_hooks() -> str:
+    """docs/architecture.md's hook table: one line per row of vllm_luce/hooks.py."""
+    def short(path: str) -> str:
+        return path.removeprefix("vllm_luce.")
+
+    lines = [HOOKS_BEGIN, "", "| vLLM target | kind | feature | owner in vllm-luce | why |", "| --- | --- | --- | --- | --- |"]
+    for h in hooks.HOOKS:
+        why = h.why
+        if h.kind == hooks.PATCH:
+            why += f" (applied {h.stage}; ledger below)" if h.stage != hooks.SCHEDULER_START else f" ({h.stage})"
+        elif h.stage:
+            why += f" (runs {h.stage})"
+        owners = ", ".join(f"`{short(o)}`" for o in h.owners)
+        lines.append(f"| `{h.target}` | {h.kind} | {h.feature} | {owners} | {why.replace('|', '/')} |")
+    counts = ", ".join(f"{sum(h.kind == k for h in hooks.HOOKS)} {k}" for k in hooks.KINDS)
+    return "\n".join(lines + ["", f"{len(hooks.HOOKS)} rows: {counts}.", ""]) + "\n"
+
+
+def hooks_section(text: str) -> tuple[int, int]:
+    assert HOOKS_BEGIN in text and HOOKS_END in text, "docs/architecture.md lost its generated hook table markers"
+    return text.index(HOOKS_BEGIN), text.index(HOOKS_END)
+
+
+def write_hooks(text: str) -> str:
+    begin, end = hooks_section(text)
+    return text[:begin] + render_hooks() + text[end:]
+
+
+def test_the_architecture_hook_table_is_rendered_from_the_table():
+    text = ARCHITECTURE.read_text()
+    begin, end = hooks_section(text)
+    assert text[begin:end] == render_hooks(), ("docs/architecture.md's hook table is out of date; run "
+                                               "`python -m tests.test_docs --write-ledger`")
