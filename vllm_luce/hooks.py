@@ -258,7 +258,7 @@ def bind(target: str, obj: Any, value: Any) -> None:
     if hook is None:
         raise HookNotInTable(f"{target} is not in vllm_luce/hooks.py's table; add a row before binding it")
     _check_caller(hook, sys._getframe(1))
-    setattr(obj, target.rsplit(".", 1)[1], value)
+    setattr(obj, target.rsplit(".", 1)[1].split(" (", 1)[0], value)  # a row may name its case in brackets
 
 
 def register(target: str, *args: Any, **kwargs: Any) -> Any:
