@@ -112,6 +112,57 @@ def test_reference_lists_the_key_with_its_default_and_what_it_does(section, key)
     assert SCHEMA[section][key].help, f"`{section}.{key}` has no help text in vllm_luce/config.py"
 
 
+DOC_PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
+MIN_PARAGRAPH = 80
+LIST_ITEM = re.compile(r"^\s*(?:[-*]|\d+\.) ")
+
+
+def paragraphs(text: str) -> list[str]:
+    """The prose of a Markdown page: blocks between blank lines, each list item on its own, whitespace
+    collapsed; tables, code blocks, headings and HTML comments left out."""
+    out, block, fenced = [], [], False
+
+    def close():
+        if block:
+            out.append(" ".join(" ".join(block).split()))
+            block.clear()
+
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("```"):
+            close()
+            fenced = not fenced
+            continue
+        if fenced or not stripped or stripped.startswith(("|", "#", "<!--")):
+            close()
+            continue
+        if LIST_ITEM.match(line):
+            close()
+        block.append(stripped)
+    close()
+    return out
+
+
+def test_paragraph_splitting():
+    text = "# T\n\nOne two\nthree.\n\n```\ncode\n```\n| a | b |\n- item one\n  goes on\n- item two\n"
+    assert paragraphs(text) == ["One two three.", "- item one goes on", "- item two"]
+
+
+def test_no_paragraph_is_printed_twice():
+    seen: dict[str, str] = {}
+    repeated = []
+    for page in DOC_PAGES:
+        for paragraph in paragraphs(page.read_text()):
+            key = re.sub(r"[`*_]", "", LIST_ITEM.sub("", paragraph)).lower()  # Markdown emphasis and case ignored
+            if len(key) < MIN_PARAGRAPH:
+                continue
+            where = str(page.relative_to(ROOT))
+            if key in seen:
+                repeated.append(f"{seen[key]} and {where}: {key[:100]}...")
+            seen.setdefault(key, where)
+    assert not repeated, "paragraphs printed twice (keep one, link to it from the other):\n" + "\n".join(repeated)
+
+
 def ledger_section() -> str:
     text = ARCHITECTURE.read_text()
     assert LEDGER_BEGIN in text and LEDGER_END in text, "docs/architecture.md lost its generated ledger markers"
