@@ -163,6 +163,13 @@ def test_no_paragraph_is_printed_twice():
     assert not repeated, "paragraphs printed twice (keep one, link to it from the other):\n" + "\n".join(repeated)
 
 
+def test_every_docs_page_named_in_the_docs_exists():
+    named = {(page.name, m) for page in DOC_PAGES
+             for m in re.findall(r"(?<![\w/.])(?:docs/)?([a-z_]+\.md)\b", page.read_text()) if m != "README.md"}
+    missing = sorted(f"{page}: {m}" for page, m in named if not (ROOT / "docs" / m).exists())
+    assert not missing, f"pages named in the docs that docs/ does not have: {missing}"
+
+
 def ledger_section() -> str:
     text = ARCHITECTURE.read_text()
     assert LEDGER_BEGIN in text and LEDGER_END in text, "docs/architecture.md lost its generated ledger markers"
