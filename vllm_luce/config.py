@@ -31,12 +31,14 @@ class LuceConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Key:
-    """One validated setting: `kind` is the Python type(s) accepted, `check` the range test."""
+    """One validated setting: `kind` is the Python type(s) accepted, `check` the range test, `help` what the
+    setting does (docs/reference.md's configuration table is generated from `accepted` and `help`)."""
 
     default: Any
     kind: type | tuple[type, ...]
     accepted: str
     check: Callable[[Any], bool] = lambda value: True
+    help: str = ""
 
 
 def _positive_int_or_auto(value: Any) -> bool:
@@ -62,44 +64,79 @@ SCHEMA: dict[str, dict[str, Key]] = {
     # On by default whenever vLLM speculates with method "dflash" (`--speculative-model dflash`);
     # `{"dflash": false}` or `{"dflash": {"gate": false}}` turns it off.
     "dflash": {
-        "gate": Key(True, bool, "true or false"),
+        "gate": Key(True, bool, "true or false",
+                    help="the self-calibrating gate; on whenever vLLM speculates with DFlash"),
         "verify_confidence": Key(0.0, (int, float), "a number in [0, 1) (0 verifies every draft)",
-                                 lambda v: 0.0 <= v < 1.0),
-        "min_verify_tokens": Key(1, int, "an integer >= 1", lambda v: v >= 1),
+                                 lambda v: 0.0 <= v < 1.0,
+                                 help="adaptive verify width: each request verifies only the draft prefix whose "
+                                      "product of top-1 drafter probabilities stays at or above it (V1 runner only)"),
+        "min_verify_tokens": Key(1, int, "an integer >= 1", lambda v: v >= 1,
+                                 help="the fewest drafts adaptive verify width verifies"),
     },
     "kvflash": {
-        "pool_tokens": Key("auto", (int, str), "a positive integer or 'auto'", _positive_int_or_auto),
-        "chunk_tokens": Key(64, int, "a power of two in [16, 1024]", _power_of_two(16, 1024)),
-        "sink_chunks": Key(1, int, "an integer >= 1", lambda v: v >= 1),
-        "recent_chunks": Key(4, int, "an integer >= 4", lambda v: v >= 4),
+        "pool_tokens": Key("auto", (int, str), "a positive integer or 'auto'", _positive_int_or_auto,
+                           help="each request's full-attention KV budget in tokens: a multiple of chunk_tokens, "
+                                "at least (sink_chunks + recent_chunks + 1) chunks; auto is 4096"),
+        "chunk_tokens": Key(64, int, "a power of two in [16, 1024]", _power_of_two(16, 1024),
+                            help="tokens per chunk, the unit of eviction, paging and reselection"),
+        "sink_chunks": Key(1, int, "an integer >= 1", lambda v: v >= 1,
+                           help="chunks at the start of the context that always stay resident"),
+        "recent_chunks": Key(4, int, "an integer >= 4", lambda v: v >= 4,
+                             help="chunks at the end of the context that always stay resident"),
         "policy": Key("qk", str, "one of 'lru', 'qk', 'bounds', 'scorer', 'attention' (SFI only)",
-                      lambda v: v in ("lru", "qk", "bounds", "scorer", "attention")),
+                      lambda v: v in ("lru", "qk", "bounds", "scorer", "attention"),
+                      help="which chunks stay resident: lru (sinks and the recent window); qk (cosine of each "
+                           "chunk's mean key with the latest query); bounds (the largest possible attention logit "
+                           "per 16-token page, from its key minimum and maximum in fp8, 2x QK's summary bytes; the "
+                           "best needle retrieval without a drafter, docs/fidelity.md); scorer (PFlash's drafter; "
+                           "needs pflash.drafter); attention (the largest attention logit over each chunk's keys; "
+                           "needs selection sfi)"),
         "selection": Key("page", str, "one of 'page' (bounded residency, cold chunks paged to host) or 'sfi' "
                          "(all KV resident, decode attends to a pool-sized selection with dense refresh steps)",
-                         lambda v: v in ("page", "sfi")),
+                         lambda v: v in ("page", "sfi"),
+                         help="sfi (Slow-Fast Inference): decode steps attend to pool_tokens of sinks, top-scored "
+                              "chunks and the recent tail, with a dense refresh step every tau tokens "
+                              "(docs/fidelity.md)"),
         "host_bytes": Key("auto", (int, str), "a positive integer (bytes of host memory for paged-out KV per "
                           "worker) or 'auto' (half the memory available at startup, shared by the local ranks)",
-                          _positive_int_or_auto),
+                          _positive_int_or_auto,
+                          help="evictions beyond it are dropped, not paged out"),
     },
     "pflash": {
         "drafter": Key("", str, "a path to a Hugging Face causal LM directory (config.json + safetensors)",
-                       lambda v: len(v) > 0),
-        "keep_ratio": Key(0.05, (int, float), "a number in (0, 1]", lambda v: 0.0 < v <= 1.0),
+                       lambda v: len(v) > 0,
+                       help="required when PFlash is on: the Qwen3, Qwen2, Llama or Mistral model that scores "
+                            "the prompt"),
+        "keep_ratio": Key(0.05, (int, float), "a number in (0, 1]", lambda v: 0.0 < v <= 1.0,
+                          help="share of a long prompt's chunks the target prefills"),
         "keep_curve": Key([], list, "a list of [prompt_tokens, keep_ratio] pairs, prompt_tokens increasing, "
-                          "ratios in (0, 1]", _keep_curve),
-        "min_prompt_tokens": Key(4096, int, "an integer >= 1", lambda v: v >= 1),
-        "chunk_tokens": Key(32, int, "an integer in [1, 4096]", lambda v: 1 <= v <= 4096),
-        "head_chunks": Key(8, int, "an integer >= 0", lambda v: v >= 0),
-        "tail_chunks": Key(24, int, "an integer >= 1", lambda v: v >= 1),
-        "anchors": Key(True, bool, "true or false"),
-        "lookahead_tokens": Key(8, int, "an integer in [1, 256]", lambda v: 1 <= v <= 256),
-        "pool_kernel": Key(13, int, "an odd integer >= 1", lambda v: v >= 1 and v % 2 == 1),
-        "pre_rope": Key(True, bool, "true or false"),
-        "early_exit_layers": Key(0, int, "an integer >= 0 (0: every layer)", lambda v: v >= 0),
-        "attention": Key("auto", str, "one of 'auto', 'dense', 'sparse'", lambda v: v in ("auto", "dense", "sparse")),
-        "sparse_alpha": Key(0.12, (int, float), "a number in [0, 1]", lambda v: 0.0 <= v <= 1.0),
+                          "ratios in (0, 1]", _keep_curve,
+                          help="the keep ratio piecewise linear by prompt length; overrides keep_ratio"),
+        "min_prompt_tokens": Key(4096, int, "an integer >= 1", lambda v: v >= 1,
+                                 help="shorter prompts are never compressed"),
+        "chunk_tokens": Key(32, int, "an integer in [1, 4096]", lambda v: 1 <= v <= 4096,
+                            help="tokens per selection chunk"),
+        "head_chunks": Key(8, int, "an integer >= 0", lambda v: v >= 0,
+                           help="first chunks always kept (scaled down when over budget)"),
+        "tail_chunks": Key(24, int, "an integer >= 1", lambda v: v >= 1,
+                           help="last chunks always kept (scaled down when over budget)"),
+        "anchors": Key(True, bool, "true or false",
+                       help="lexical anchor rescue: the chunks around exact 4-gram matches of the question are "
+                            "kept too (at most as many again)"),
+        "lookahead_tokens": Key(8, int, "an integer in [1, 256]", lambda v: 1 <= v <= 256,
+                                help="the last prompt tokens whose queries score the prompt"),
+        "pool_kernel": Key(13, int, "an odd integer >= 1", lambda v: v >= 1 and v % 2 == 1,
+                           help="width of the average pooling of token scores"),
+        "pre_rope": Key(True, bool, "true or false", help="score with pre-RoPE queries and keys"),
+        "early_exit_layers": Key(0, int, "an integer >= 0 (0: every layer)", lambda v: v >= 0,
+                                 help="score with the drafter's first N layers only; at most the drafter's layers"),
+        "attention": Key("auto", str, "one of 'auto', 'dense', 'sparse'", lambda v: v in ("auto", "dense", "sparse"),
+                         help="the drafter's attention: auto is block-sparse on CUDA, dense elsewhere"),
+        "sparse_alpha": Key(0.12, (int, float), "a number in [0, 1]", lambda v: 0.0 <= v <= 1.0,
+                            help="block-sparse attention keeps the blocks scoring at least alpha x the best"),
         "dtype": Key("auto", str, "one of 'auto', 'bfloat16', 'float16', 'float32'",
-                     lambda v: v in ("auto", "bfloat16", "float16", "float32")),
+                     lambda v: v in ("auto", "bfloat16", "float16", "float32"),
+                     help="the drafter's dtype: auto is bf16, fp16 on GPUs without bf16, fp32 on CPU"),
     },
 }
 
