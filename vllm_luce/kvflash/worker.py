@@ -70,8 +70,7 @@ class KVFlashRuntime:
     def pager(self, req_id: str) -> RequestPager | RequestSelection:
         pager = self.pagers.get(req_id)
         if pager is None:
-            store = PagedPoolStore(self.caches, self.layout, self.head_size, self.block_size, self.config.chunk_tokens)
-            store.host_pool = self.host_pool
+            store = self._new_store()
             if self.selection == "sfi":
                 pager = RequestSelection(self.config, store, align_tokens=self.block_size)
             else:
@@ -82,13 +81,17 @@ class KVFlashRuntime:
                 pager.host_allowance = functools.partial(self._host_allowance, pager)
         return pager
 
+    def _new_store(self) -> PagedPoolStore:
+        store = PagedPoolStore(self.caches, self.layout, self.head_size, self.block_size, self.config.chunk_tokens)
+        store.host_pool = self.host_pool
+        return store
+
     def warm_up(self) -> None:
         """On a GPU, at startup: page one chunk of vLLM's null block (block 0) out and back in, so that the first
         long prompt neither compiles the paging kernels nor pins the first host slab."""
         if not self.caches or self.caches[0].device.type != "cuda" or self.selection == "sfi":
             return
-        store = PagedPoolStore(self.caches, self.layout, self.head_size, self.block_size, self.config.chunk_tokens)
-        store.host_pool = self.host_pool
+        store = self._new_store()
         store.row = np.zeros(-(-self.config.chunk_tokens // self.block_size), dtype=np.int64)
         try:
             host = store.read_host(0)
@@ -365,6 +368,12 @@ def _drafter_scorer(runner, luce, cfg):
                               refresh_tokens=max(cfg.pool_tokens // 2, 256))
 
 
+def first_positions(query_start_loc: np.ndarray, positions: torch.Tensor) -> np.ndarray:
+    """Each request's first scheduled position, read from the device's positions (a sync)."""
+    first = np.minimum(query_start_loc[:-1], max(positions.shape[0] - 1, 0))
+    return positions.cpu().numpy()[first]
+
+
 def _bind_slot_mapping(runner, block_table, runtime: KVFlashRuntime) -> None:
     """The pooled group's slot mapping comes from the pagers instead of ``row[pos // block]``."""
 
@@ -372,8 +381,7 @@ def _bind_slot_mapping(runner, block_table, runtime: KVFlashRuntime) -> None:
         batch = runner.input_batch
         qsl = runner.query_start_loc.np[: num_reqs + 1]
         if getattr(runner, "use_async_spec_decode", False):  # the host's counts assume every draft accepted
-            first = np.minimum(qsl[:-1], max(positions.shape[0] - 1, 0))
-            starts = positions.cpu().numpy()[first]
+            starts = first_positions(qsl, positions)
         else:  # from the host: reading the GPU's positions waited for the step in flight (no async overlap)
             starts = batch.num_computed_tokens_cpu[:num_reqs]
         slots = runtime.plan(batch.req_ids[:num_reqs], qsl, starts, block_table.block_table.np,

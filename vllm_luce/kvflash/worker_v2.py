@@ -19,8 +19,8 @@ import torch
 
 from vllm_luce import hooks
 from vllm_luce.kvflash.settings import pager_config_from
-from vllm_luce.kvflash.worker import (KVFlashRuntime, _capture_queries, _PooledBuilder, _tp_reduce_max,
-                                      cache_layout, pooled_group, runtime_options)
+from vllm_luce.kvflash.worker import (KVFlashRuntime, _capture_queries, _PooledBuilder, _tp_reduce_max, cache_layout,
+                                      first_positions, pooled_group, runtime_options)
 from vllm_luce.log import logger, tag
 
 
@@ -58,8 +58,7 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
             row = rows.get(int(i), [])
             table[r, : len(row)], counts[r] = row, len(row)
         qsl = query_start_loc.cpu().numpy()
-        first = np.minimum(qsl[:-1], max(positions.shape[0] - 1, 0))
-        slots = runtime.plan(req_ids, qsl, positions.cpu().numpy()[first], table, counts,
+        slots = runtime.plan(req_ids, qsl, first_positions(qsl, positions), table, counts,
                              runner.req_states.prompt_len.np[req_indices])
         slot_mappings[gid, : len(slots)] = torch.from_numpy(slots).to(slot_mappings.device)
         return slot_mappings
