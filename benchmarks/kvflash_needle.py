@@ -5,6 +5,7 @@ pooled KV with each policy, at a fixed pool (so residency = pool / prompt length
     python -m benchmarks.kvflash_needle --policies scorer   # PFlash's drafter as the KVFlash scorer
     python -m benchmarks.kvflash_needle --policies qk --selections sfi   # SFI: all KV resident, sparse decode
     python -m benchmarks.kvflash_needle --distractors 2   # multi-needle: 3 KEY lines, the prompt asks for one
+    python -m benchmarks.kvflash_needle --reask   # asked, evicted, asked again (benchmarks/kvflash_reask.py)
 
 Each row also gives the pagers' totals (``kvflash``): with a prompt longer than the pool, a needle outside the
 sinks and the recent chunks was paged out during prefill, so a hit there is a chunk the pool brought back
@@ -18,25 +19,41 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks import fidelity as F, report
+from benchmarks import fidelity as F, kvflash_reask as R, report
 from tests.fixtures.trained import trained_model
 
 
 def run(label: str, additional_config: dict, tokens: list[int], seeds: int, max_len: int,
-        distractors: int = 0) -> list[dict]:
-    llm = F.build_llm(max_len, additional_config=additional_config)
+        distractors: int = 0, reask_pool: int = 0) -> list[dict]:
+    """``reask_pool``: the "evicted earlier, asked again" conversations, scripted for a pool of that many tokens."""
+    if reask_pool:
+        from tests.fixtures.forced import ForcedTokens
+
+        llm = F.build_llm(max_len, additional_config=additional_config, logits_processors=[ForcedTokens])
+    else:
+        llm = F.build_llm(max_len, additional_config=additional_config)
     rows = []
     for n in tokens:
         t0 = time.time()
-        result = F.needle_accuracy(llm, n, range(seeds), distractors=distractors)
+        before = _totals(llm)
+        if reask_pool:
+            cases = R.make_cases(llm.get_tokenizer(), n, range(seeds), reask_pool)
+            result = {"tokens": n, **R.reask_accuracy(llm, cases)}
+        else:
+            result = F.needle_accuracy(llm, n, range(seeds), distractors=distractors)
         result.update(config=label, seconds=round(time.time() - t0, 1))
-        rt = getattr(F.engine_runner(llm), "luce_kvflash", None)
-        if rt is not None:
-            result["kvflash"] = rt.stats()
+        after = _totals(llm)
+        if after is not None:  # this length's own pager totals
+            result["kvflash"] = {k: round(v - before[k], 4) for k, v in after.items()}
         print(json.dumps(result), flush=True)
         rows.append(result)
     del llm
     return rows
+
+
+def _totals(llm) -> dict | None:
+    rt = getattr(F.engine_runner(llm), "luce_kvflash", None)
+    return None if rt is None else rt.stats()
 
 
 def main(argv=None) -> int:
@@ -47,17 +64,19 @@ def main(argv=None) -> int:
     ap.add_argument("--selections", nargs="+", default=["page"], choices=["page", "sfi"])
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--distractors", type=int, default=0, help="other needles per prompt (multi-needle)")
+    ap.add_argument("--reask", action="store_true", help="asked, evicted by later reselections, asked again")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    max_len = max(args.tokens) + 64
-    rows = run("full KV", {}, args.tokens, args.seeds, max_len, args.distractors)
+    max_len = max(args.tokens) + (2048 if args.reask else 64)
+    reask = args.pool if args.reask else 0
+    rows = run("full KV", {}, args.tokens, args.seeds, max_len, args.distractors, reask)
     for selection in args.selections:
         for policy in args.policies:
             cfg = {"luce": {"kvflash": {"pool_tokens": args.pool, "policy": policy, "selection": selection}}}
             if policy == "scorer":  # PFlash's drafter scores the chunks; prompts are not compressed
                 cfg["luce"]["pflash"] = {"drafter": str(trained_model("scorer")), "min_prompt_tokens": 1 << 30}
             label = f"pool {args.pool}, {policy}" + (", SFI" if selection == "sfi" else "")
-            rows += run(label, cfg, args.tokens, args.seeds, max_len, args.distractors)
+            rows += run(label, cfg, args.tokens, args.seeds, max_len, args.distractors, reask)
     return report(rows, args.json)
 
 
