@@ -6,6 +6,7 @@ pooled KV with each policy, at a fixed pool (so residency = pool / prompt length
     python -m benchmarks.kvflash_needle --policies qk --selections sfi   # SFI: all KV resident, sparse decode
     python -m benchmarks.kvflash_needle --distractors 2   # multi-needle: 3 KEY lines, the prompt asks for one
     python -m benchmarks.kvflash_needle --reask   # asked, evicted, asked again (benchmarks/kvflash_reask.py)
+    python -m benchmarks.kvflash_needle --policies salient bounds --query-windows 1 8   # query window sizes
 
 Each row also gives the pagers' totals (``kvflash``): with a prompt longer than the pool, a needle outside the
 sinks and the recent chunks was paged out during prefill, so a hit there is a chunk the pool brought back
@@ -65,6 +66,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--distractors", type=int, default=0, help="other needles per prompt (multi-needle)")
     ap.add_argument("--reask", action="store_true", help="asked, evicted by later reselections, asked again")
+    ap.add_argument("--query-windows", type=int, nargs="+", default=[None],
+                    help="luce.kvflash.query_window values to run (default: the setting's default)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     max_len = max(args.tokens) + (2048 if args.reask else 64)
@@ -72,11 +75,15 @@ def main(argv=None) -> int:
     rows = run("full KV", {}, args.tokens, args.seeds, max_len, args.distractors, reask)
     for selection in args.selections:
         for policy in args.policies:
-            cfg = {"luce": {"kvflash": {"pool_tokens": args.pool, "policy": policy, "selection": selection}}}
-            if policy == "scorer":  # PFlash's drafter scores the chunks; prompts are not compressed
-                cfg["luce"]["pflash"] = {"drafter": str(trained_model("scorer")), "min_prompt_tokens": 1 << 30}
-            label = f"pool {args.pool}, {policy}" + (", SFI" if selection == "sfi" else "")
-            rows += run(label, cfg, args.tokens, args.seeds, max_len, args.distractors, reask)
+            for window in args.query_windows:
+                cfg = {"luce": {"kvflash": {"pool_tokens": args.pool, "policy": policy, "selection": selection}}}
+                if window is not None:
+                    cfg["luce"]["kvflash"]["query_window"] = window
+                if policy == "scorer":  # PFlash's drafter scores the chunks; prompts are not compressed
+                    cfg["luce"]["pflash"] = {"drafter": str(trained_model("scorer")), "min_prompt_tokens": 1 << 30}
+                label = f"pool {args.pool}, {policy}" + (", SFI" if selection == "sfi" else "") + \
+                    (f", window {window}" if window is not None else "")
+                rows += run(label, cfg, args.tokens, args.seeds, max_len, args.distractors, reask)
     return report(rows, args.json)
 
 

@@ -137,6 +137,48 @@ def bound_layer_scores(queries: torch.Tensor, bounds: torch.Tensor) -> torch.Ten
     return bound_scores_naive(queries, bounds)
 
 
+class Salient(QK):
+    """QK's inputs with one key per chunk and KV head for a summary: the chunk's key farthest from its mean key
+    (``summarize``), fp8 e5m2: a quarter of QK's fp32 mean bytes. A chunk scores the largest logit ``q . k / sqrt(D)``
+    of the current query rows (the query window's tokens, each group's heads) with its salient keys, at its best
+    full-attention layer."""
+
+    name = "salient"
+
+    @classmethod
+    def summarize(cls, store, position: int) -> torch.Tensor:
+        """[layers, kv_heads, head] fp8 e5m2: the store's ``salient_keys`` (``PagedPoolStore``: one Triton launch on a
+        GPU), else ``salient_from_keys`` of its chunk's keys ``[layers, tokens, kv_heads, head]``."""
+        own = getattr(store, "salient_keys", None)
+        if own is not None:
+            return own(position)
+        from vllm_luce.kernels.chunk_salient.naive import salient_from_keys
+
+        return salient_from_keys(store.chunk_keys(position))
+
+    def scores(self, pager, chunks: list[int]) -> torch.Tensor:
+        queries = getattr(pager, "queries", None)
+        if queries is None:
+            return LRU().scores(pager, chunks)
+        keys = torch.stack([pager.summaries[c] for c in chunks])  # [C, L, Hkv, D] fp8
+        per_layer = salient_layer_scores(queries.to(keys.device), keys)
+        if self.reduce_max is not None:
+            per_layer = self.reduce_max(per_layer)
+        return per_layer.amax(dim=-1).cpu()
+
+
+def salient_layer_scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """queries [L, Hq, D], salient keys [C, L, Hkv, D] fp8 e5m2 -> [C, L] fp32 (``salient_scores_naive``): the Triton
+    kernel on a GPU (it reads the fp8 keys in place), its torch reference elsewhere (tested together)."""
+    if keys.is_cuda and len(keys):
+        from vllm_luce.kernels.chunk_salient import salient_scores  # imports Triton: GPU only
+
+        return salient_scores(queries, keys)
+    from vllm_luce.kernels.chunk_salient.naive import salient_scores_naive
+
+    return salient_scores_naive(queries, keys)
+
+
 class Scorer:
     name = "scorer"
 
@@ -185,10 +227,13 @@ def make_policy(name: str, scorer: Callable | None = None, reduce_max=None):
         return QK(reduce_max)
     if name == "bounds":
         return Bounds(reduce_max)
+    if name == "salient":
+        return Salient(reduce_max)
     if name == "attention":
         return MaxLogit(reduce_max)
     if name == "scorer":
         if scorer is None:
             raise ValueError("luce.kvflash.policy 'scorer' needs a chunk scorer (PFlash's drafter scorer)")
         return Scorer(scorer)
-    raise ValueError(f"luce.kvflash.policy: got {name!r}; expected one of 'lru', 'qk', 'bounds', 'scorer', 'attention'")
+    raise ValueError(f"luce.kvflash.policy: got {name!r}; expected one of 'lru', 'qk', 'bounds', 'salient', 'scorer', "
+                     "'attention'")
