@@ -72,9 +72,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "chunk_tokens": Key(64, int, "a power of two in [16, 1024]", _power_of_two(16, 1024)),
         "sink_chunks": Key(1, int, "an integer >= 1", lambda v: v >= 1),
         "recent_chunks": Key(4, int, "an integer >= 4", lambda v: v >= 4),
-        "policy": Key("qk", str, "one of 'lru', 'qk', 'bounds', 'salient', 'scorer', 'attention' (SFI only)",
+        "policy": Key("salient", str, "one of 'lru', 'qk', 'bounds', 'salient', 'scorer', 'attention' (SFI only)",
                       lambda v: v in ("lru", "qk", "bounds", "salient", "scorer", "attention")),
-        "query_window": Key(1, int, "an integer in [1, 64] (tokens whose queries a reselection scores with)",
+        "query_window": Key(8, int, "an integer in [1, 64] (tokens whose queries a reselection scores with)",
                             lambda v: 1 <= v <= 64),
         "selection": Key("page", str, "one of 'page' (bounded residency, cold chunks paged to host) or 'sfi' "
                          "(all KV resident, decode attends to a pool-sized selection with dense refresh steps)",

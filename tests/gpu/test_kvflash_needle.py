@@ -39,7 +39,7 @@ DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 SEEDS = range(2)
 # (prompt tokens, other needles): single-needle prompts at 32K and 64K, the multi-needle case at 32K
 SETS = ((32768, 0), (65536, 0), (32768, 2))
-POLICIES = ("lru", "qk", "bounds", "scorer")
+POLICIES = ("lru", "qk", "bounds", "salient", "scorer")  # each at the default query window
 DEFAULT = SCHEMA["kvflash"]["policy"].default
 BAR = 0.9  # of full KV's accuracy, at 12.5% residency (issue 41)
 MAX_LEN = 65536 + 64
