@@ -7,6 +7,7 @@ pooled KV with each policy, at a fixed pool (so residency = pool / prompt length
     python -m benchmarks.kvflash_needle --distractors 2   # multi-needle: 3 KEY lines, the prompt asks for one
     python -m benchmarks.kvflash_needle --reask   # asked, evicted, asked again (benchmarks/kvflash_reask.py)
     python -m benchmarks.kvflash_needle --policies salient bounds --query-windows 1 8   # query window sizes
+    python -m benchmarks.kvflash_needle --selected   # was the needle's chunk chosen, and was it then answered
 
 Each row also gives the pagers' totals (``kvflash``): with a prompt longer than the pool, a needle outside the
 sinks and the recent chunks was paged out during prefill, so a hit there is a chunk the pool brought back
@@ -25,7 +26,7 @@ from tests.fixtures.trained import trained_model
 
 
 def run(label: str, additional_config: dict, tokens: list[int], seeds: int, max_len: int,
-        distractors: int = 0, reask_pool: int = 0) -> list[dict]:
+        distractors: int = 0, reask_pool: int = 0, selected: bool = False) -> list[dict]:
     """``reask_pool``: the "evicted earlier, asked again" conversations, scripted for a pool of that many tokens."""
     if reask_pool:
         from tests.fixtures.forced import ForcedTokens
@@ -40,6 +41,8 @@ def run(label: str, additional_config: dict, tokens: list[int], seeds: int, max_
         if reask_pool:
             cases = R.make_cases(llm.get_tokenizer(), n, range(seeds), reask_pool)
             result = {"tokens": n, **R.reask_accuracy(llm, cases)}
+        elif selected and before is not None:
+            result = {"tokens": n, **R.needle_selection(llm, n, range(seeds), distractors)}
         else:
             result = F.needle_accuracy(llm, n, range(seeds), distractors=distractors)
         result.update(config=label, seconds=round(time.time() - t0, 1))
@@ -66,6 +69,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--distractors", type=int, default=0, help="other needles per prompt (multi-needle)")
     ap.add_argument("--reask", action="store_true", help="asked, evicted by later reselections, asked again")
+    ap.add_argument("--selected", action="store_true",
+                    help="pooled rows count prompts whose needle chunk the prompt-end reselection chose")
     ap.add_argument("--query-windows", type=int, nargs="+", default=[None],
                     help="luce.kvflash.query_window values to run (default: the setting's default)")
     ap.add_argument("--json", type=Path)
@@ -83,7 +88,7 @@ def main(argv=None) -> int:
                     cfg["luce"]["pflash"] = {"drafter": str(trained_model("scorer")), "min_prompt_tokens": 1 << 30}
                 label = f"pool {args.pool}, {policy}" + (", SFI" if selection == "sfi" else "") + \
                     (f", window {window}" if window is not None else "")
-                rows += run(label, cfg, args.tokens, args.seeds, max_len, args.distractors, reask)
+                rows += run(label, cfg, args.tokens, args.seeds, max_len, args.distractors, reask, args.selected)
     return report(rows, args.json)
 
 

@@ -121,3 +121,36 @@ def reask_accuracy(llm, cases: list[N.ReaskCase], chunk_tokens: int = 64) -> dic
     if pooled:
         result.update(selected=selected, evicted=evicted, again_when_evicted=again_when_evicted, aligned=aligned)
     return result
+
+
+def needle_selection(llm, tokens: int, seeds: range, distractors: int = 0, chunk_tokens: int = 64) -> dict:
+    """The needle harness of ``fidelity.needle_accuracy`` with the pagers' reselections recorded: in how many
+    prompts the needle's digits were resident after the prompt-end reselection (``selected``), and how many of
+    those, and of the others, were answered."""
+    from vllm import SamplingParams
+
+    from benchmarks.fidelity import DEPTHS
+
+    tokenizer = llm.get_tokenizer()
+    cases = N.make_cases(tokenizer, list(heldout_files()), tokens=tokens, depths=DEPTHS, seeds=seeds,
+                         distractors=distractors)
+    prompts, needles = [], []
+    for case in cases:
+        enc = tokenizer(case.prompt, add_special_tokens=False, return_offsets_mapping=True)
+        asked = case.prompt.rsplit("\n", 1)[1]
+        at = case.prompt.index(asked + case.answer) + len(asked)
+        needles.append({i // chunk_tokens for i, (a, b) in enumerate(enc["offset_mapping"])
+                        if a < at + N.NEEDLE_DIGITS and b > at})
+        prompts.append({"prompt_token_ids": enc["input_ids"]})
+    with record_reselections() as events:
+        outs = llm.generate(prompts, SamplingParams(max_tokens=N.NEEDLE_DIGITS + 2, temperature=0.0), use_tqdm=False)
+    found = {"cases": len(cases), "selected": 0, "answered": 0, "answered_when_selected": 0}
+    for case, out, need, prompt in zip(cases, outs, needles, prompts):
+        hit = N.retrieved(case, out.outputs[0].text)
+        mine = events.get(next((k for k in events if k.rsplit("-", 1)[0] == out.request_id), ""), [])
+        after = next((a for t, _, a in mine if t == len(prompt["prompt_token_ids"])), set())
+        selected = need <= after
+        found["selected"] += selected
+        found["answered"] += hit
+        found["answered_when_selected"] += hit and selected
+    return found
