@@ -29,8 +29,9 @@ lowest-scored evictable chunk and, on reselection, swaps in host chunks that out
   ``query_window.py``) at its best full-attention layer. A mean washes out the one line a question points at;
   the key that stands out from its chunk keeps it. With the default window of 8 tokens it kept 70-95% of the
   needles at 12.5-25% residency on the trained fixture through vLLM, where QK with one query token kept 10-35%
-  (``docs/fidelity.md``); with one query token it kept 10-30% itself. On a GPU, Triton kernels (``kernels.chunk_salient``) write a chunk's
-  salient keys straight from the KV caches (one launch for all layers) and score the stacked fp8 keys in place.
+  (``docs/fidelity.md``); with one query token it kept 10-30% itself. On a GPU, Triton kernels
+  (``kernels.chunk_salient``) write a chunk's salient keys straight from the KV caches (one launch for all
+  layers) and score the stacked fp8 keys in place.
 * ``Scorer``: an external per-chunk score (PFlash's drafter scorer plugs in here).
 * ``MaxLogit`` (``"attention"``, SFI only): per chunk, the largest attention logit ``q . k / sqrt(d)``
   of the current queries over the chunk's own keys (max over tokens and each group's query heads),

@@ -10,7 +10,8 @@ With ``selection: "sfi"`` a ``RequestSelection`` (``sfi.py``) stands in for the 
 resident and a fast step's attention reads a suffix of the request's block row (the builder drops
 the row's first ``skipped_tokens() // block_size`` blocks).
 After the forward, the pooled layers' queries of each request's last token (and, in steps with several
-tokens of a request, of its last ``query_window`` tokens) are kept (on the device) for the policies. Finished and preempted requests release their pagers (and host pages).
+tokens of a request, of its last ``query_window`` tokens) are kept (on the device) for the policies.
+Finished and preempted requests release their pagers (and host pages).
 
 CUDA graphs replay the device addresses they captured, and vLLM captures whole decode steps (FULL graphs:
 FlashAttention reads ``seq_lens`` as ``seqused_k`` inside the graph) with no Python run on replay. So every
