@@ -89,18 +89,28 @@ def reask_accuracy(llm, cases: list[N.ReaskCase], chunk_tokens: int = 64) -> dic
                              extra_args={SCRIPT_KEY: c.script}) for c in cases]
     with record_reselections() as events:
         outs = llm.generate([{"prompt_token_ids": c.prompt_ids} for c in cases], params, use_tqdm=False)
+    mine = [events_of(events, out.request_id) for out in outs] if events else None
+    return score_conversations(tokenizer, cases, [list(o.outputs[0].token_ids) for o in outs], mine, chunk_tokens)
+
+
+def events_of(events: dict, request_id: str) -> list:
+    """The recorded reselections of the request vLLM returned as ``request_id`` (its engine id adds a suffix)."""
+    return events.get(next((k for k in events if k.rsplit("-", 1)[0] == request_id), None), [])
+
+
+def score_conversations(tokenizer, cases: list[N.ReaskCase], outputs: list[list[int]], events: list | None,
+                        chunk_tokens: int = 64) -> dict:
+    """Each ask's accuracy over the conversations' output ids; with each conversation's recorded reselections
+    ``(tokens, resident before, resident after)`` (pooled engines), what the pagers did (module docstring)."""
     hits = {name: 0 for name in cases[0].asks}
-    pooled = bool(events)
     selected = evicted = again_when_evicted = aligned = 0
-    for case, out in zip(cases, outs):
-        ids = list(out.outputs[0].token_ids)
+    for i, (case, ids) in enumerate(zip(cases, outputs)):
         ok = {name: N.answered(tokenizer, ids, at, case.answers[name]) for name, at in case.asks.items()}
         for name, hit in ok.items():
             hits[name] += hit
-        if not pooled:
+        if events is None:
             continue
-        mine = events[next(k for k in events if k.rsplit("-", 1)[0] == out.request_id)]
-        by_tokens = {tokens: (before, after) for tokens, before, after in mine}
+        by_tokens = {tokens: (set(before), set(after)) for tokens, before, after in events[i]}
         p = len(case.prompt_ids)
         needle = set(range(case.needle_tokens[0] // chunk_tokens, (case.needle_tokens[1] - 1) // chunk_tokens + 1))
         answer = set(range(p // chunk_tokens, (p + N.NEEDLE_DIGITS - 1) // chunk_tokens + 1))
@@ -118,7 +128,7 @@ def reask_accuracy(llm, cases: list[N.ReaskCase], chunk_tokens: int = 64) -> dic
               "again_accuracy": round(hits["again"] / n, 3),
               "script_tokens": round(sum(len(c.script) for c in cases) / n),
               "mean_prompt_tokens": round(sum(len(c.prompt_ids) for c in cases) / n)}
-    if pooled:
+    if events is not None:
         result.update(selected=selected, evicted=evicted, again_when_evicted=again_when_evicted, aligned=aligned)
     return result
 
@@ -147,7 +157,7 @@ def needle_selection(llm, tokens: int, seeds: range, distractors: int = 0, chunk
     found = {"cases": len(cases), "selected": 0, "answered": 0, "answered_when_selected": 0}
     for case, out, need, prompt in zip(cases, outs, needles, prompts):
         hit = N.retrieved(case, out.outputs[0].text)
-        mine = events.get(next((k for k in events if k.rsplit("-", 1)[0] == out.request_id), ""), [])
+        mine = events_of(events, out.request_id) if events else []
         after = next((a for t, _, a in mine if t == len(prompt["prompt_token_ids"])), set())
         selected = need <= after
         found["selected"] += selected
