@@ -22,6 +22,17 @@ plus the bandwidth the scoring kernel reaches on the summary bytes against a dev
 * ``summary_one_chunk``: one chunk's fp8 bounds over all 36 layers, ``kernels.chunk_bounds.key_bounds``
   (one launch, keys only, fp8 written in the kernel) against the per-layer torch path (gather, min/max
   per page, ``outward_fp8``); both must give the same bytes.
+
+``salient``, the salient-key policy (fp8 e5m2 keys ``[chunks, layers, 8, 128]``, a quarter of QK's bytes: 19, 75 and
+151 MB), scored with a query window of ``--window`` tokens (rows ``[36, 32 x window, 128]``):
+* ``ms``: ``kernels.chunk_salient.salient_scores`` against its torch reference on the same GPU, and ``Salient.scores``
+  as a reselection runs it (``policy``: stack, kernel, layer max, one device-to-host copy);
+* ``summary_one_chunk``: one chunk's salient keys over all 36 layers (``salient_keys``, one launch) against the
+  per-layer torch path (equal bytes), and that cost spread over the chunk's 64 decoded tokens;
+* ``paging_ms``: paging in k chunks from pinned host memory and paging out as many (``read_host``), k = 0, 8 and
+  every selectable chunk of a ``--pool`` pool;
+* ``reselection_ms`` = ``policy`` + ``paging_ms`` per k, and ``share_of_decode``: that over the decode time between
+  two reselections, ``max(16, context / 45)`` tokens of ``--decode-step-ms`` (10 ms: the issue's H200 step at 128K).
 """
 
 from __future__ import annotations
@@ -38,9 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a sc
 from benchmarks import report  # noqa: E402
 from benchmarks.gpu_timing import copy_bandwidth, device_info, timed  # noqa: E402
 from vllm_luce.kernels.chunk_bounds import bound_scores, bound_scores_naive  # noqa: E402
+from vllm_luce.kernels.chunk_salient import salient_scores, salient_scores_naive  # noqa: E402
 from vllm_luce.kernels.chunk_score import chunk_scores, chunk_scores_naive  # noqa: E402
 from vllm_luce.kvflash.kv_store import PACKED_LAYOUT, PagedPoolStore  # noqa: E402
-from vllm_luce.kvflash.policies import QK, Bounds, outward_fp8  # noqa: E402
+from vllm_luce.kvflash.policies import QK, Bounds, Salient, outward_fp8  # noqa: E402
 
 LAYERS, HQ, HKV, D, BLOCK, CHUNK = 36, 32, 8, 128, 16, 64
 
@@ -148,11 +160,66 @@ def bound_summary(blocks: int, reps: int) -> dict:
             "speedup": round(ms["torch_per_layer"] / ms["key_bounds"], 2)}
 
 
+def salient(contexts: list[int], reps: int, window: int, pool_tokens: int, blocks: int, step_ms: float) -> dict:
+    """The salient policy at Qwen3-8B's shape: scores, one chunk's summary, and a whole reselection's cost against
+    the decode time between two reselections (every max(16, context / 45) tokens of ``step_ms``)."""
+    dev, out = torch.device("cuda"), {"window": window, "pool_tokens": pool_tokens, "decode_step_ms": step_ms}
+    g = torch.Generator(device=dev).manual_seed(2)
+    store, torch_path = _stores(blocks)
+    fused, plain = store.salient_keys(5), torch_path.salient_keys(5)
+    assert torch.equal(fused.view(torch.uint8), plain.view(torch.uint8)), "salient keys differ from the torch path"
+    ms = {"salient_keys": timed(lambda: store.salient_keys(5), reps),
+          "torch_per_layer": timed(lambda: torch_path.salient_keys(5), reps)}
+    out["summary_one_chunk"] = {"ms": {k: round(v, 4) for k, v in ms.items()},
+                                "per_decoded_token_ms": round(ms["salient_keys"] / CHUNK, 5)}
+    # Paging: a reselection pages in the chunks it chose and pages out as many (pinned host copies).
+    selectable = pool_tokens // CHUNK - 5  # less the sink and the 4 recent chunks
+    host = store.read_host(0)
+    store.synchronize()
+
+    def page(k: int) -> None:
+        store.rearrange([], [(i % selectable, host) for i in range(k)])
+        [store.read_host(i % selectable) for i in range(k)]
+        store.synchronize()
+        torch.cuda.synchronize()
+
+    swaps = sorted({0, 8, selectable})
+    paging = {k: _host_ms(lambda: page(k), max(1, reps // 4)) for k in swaps}
+    out["paging_ms"] = {str(k): round(v, 3) for k, v in paging.items()}
+    for context in contexts:
+        chunks = context // CHUNK
+        queries = torch.randn(LAYERS, HQ * window, D, device=dev, generator=g)  # the window's rows
+        keys = torch.randn(chunks, LAYERS, HKV, D, device=dev, generator=g).to(torch.float8_e5m2)
+        got = salient_scores(queries, keys)
+        torch.testing.assert_close(got, salient_scores_naive(queries, keys), atol=1e-4, rtol=1e-5)
+        pager = _Pager(queries, {c: keys[c].clone() for c in range(chunks)})
+        ids = list(range(chunks))
+        torch.testing.assert_close(Salient().scores(pager, ids), got.amax(-1).cpu(), atol=1e-4, rtol=1e-5)
+        ms = {"triton": timed(lambda: salient_scores(queries, keys), reps),
+              "torch_gpu": timed(lambda: salient_scores_naive(queries, keys), max(1, reps // 4)),
+              "policy": _host_ms(lambda: Salient().scores(pager, ids), reps)}
+        tau = max(16, context // 45)
+        between_ms = tau * step_ms
+        out[f"{context // 1024}K"] = {
+            "chunks": chunks, "summary_mb": round(keys.numel() / 1e6, 1),
+            "qk_summary_mb": round(chunks * LAYERS * HKV * D * 4 / 1e6, 1), "ms": {k: round(v, 4) for k, v in ms.items()},
+            "reselect_every_tokens": tau,
+            "reselection_ms": {str(k): round(ms["policy"] + paging[k], 3) for k in swaps},
+            "share_of_decode": {str(k): round((ms["policy"] + paging[k]) / between_ms, 5) for k in swaps}}
+        del pager, keys
+        torch.cuda.empty_cache()
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--contexts", type=int, nargs="+", default=[32768, 131072, 262144])
     ap.add_argument("--blocks", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--window", type=int, default=8, help="salient: query rows per head (luce.kvflash.query_window)")
+    ap.add_argument("--pool", type=int, default=4096, help="salient: pool tokens (paging cost of a reselection)")
+    ap.add_argument("--decode-step-ms", type=float, default=10.0,
+                    help="decode step of the 8B shape for the share (the issue's H200 figure at 128K)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     copy = copy_bandwidth()
@@ -164,7 +231,13 @@ def main(argv=None) -> int:
         row["triton_vs_copy_bandwidth"] = round(row["triton_GB_per_s"] * 1e9 / copy, 3)
     result = {**device_info(), "copy_GB_per_s": round(copy / 1e9, 1), "score": scores,
               "summary_one_chunk": summary(args.blocks, args.reps),
-              "bounds": {"score": bounds, "summary_one_chunk": bound_summary(args.blocks, args.reps)}}
+              "bounds": {"score": bounds, "summary_one_chunk": bound_summary(args.blocks, args.reps)},
+              "salient": salient(args.contexts, args.reps, args.window, args.pool, args.blocks, args.decode_step_ms)}
+    for context, row in result["salient"].items():
+        if isinstance(row, dict) and "share_of_decode" in row:
+            print(f"salient {context}: reselection {row['reselection_ms']} ms (by chunks paged in), every "
+                  f"{row['reselect_every_tokens']} tokens = {row['share_of_decode']} of decode time at "
+                  f"{args.decode_step_ms} ms a step", flush=True)
     return report(result, args.json)
 
 

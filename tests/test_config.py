@@ -28,7 +28,7 @@ def test_other_additional_config_keys_are_not_ours():
     ({"kvflash": {"pool_tokens": 4096.5}}, "got 4096.5; expected a positive integer"),
     ({"kvflash": {"pool_tokens": True}}, "got True"),
     ({"kvflash": {"chunk_tokens": 48}}, "expected a power of two in [16, 1024]"),
-    ({"kvflash": {"policy": "random"}}, "expected one of 'lru', 'qk', 'bounds', 'scorer'"),
+    ({"kvflash": {"policy": "random"}}, "expected one of 'lru', 'qk', 'bounds', 'salient', 'scorer'"),
     ({"pflash": {"keep_ratio": 0}}, "luce.pflash.keep_ratio: got 0; expected a number in (0, 1]"),
     ({"pflash": {"keep_ratio": "0.1"}}, "got '0.1'"),
     ({"dflash": {"gate": "yes"}}, "luce.dflash.gate: got 'yes'; expected true or false"),

@@ -28,6 +28,7 @@ MACHINERY = {"vllm_luce.hooks:bind", "vllm_luce.hooks:register", "vllm_luce.patc
 OWN_OBJECTS = {
     ("vllm_luce.kvflash.worker", "store"),  # PagedPoolStore
     ("vllm_luce.kvflash.worker", "pager"),  # RequestPager / RequestSelection
+    ("vllm_luce.kvflash.query_window", "pager"),  # RequestPager
     ("vllm_luce.spec_decode.gate", "r"),  # Regime
     ("vllm_luce.spec_decode.gate", "state"),  # the gate's per-request state
     ("vllm_luce.spec_decode.scheduler", "lookup"),  # GatedLookup

@@ -83,14 +83,19 @@ SCHEMA: dict[str, dict[str, Key]] = {
                            help="chunks at the start of the context that always stay resident"),
         "recent_chunks": Key(4, int, "an integer >= 4", lambda v: v >= 4,
                              help="chunks at the end of the context that always stay resident"),
-        "policy": Key("qk", str, "one of 'lru', 'qk', 'bounds', 'scorer', 'attention' (SFI only)",
-                      lambda v: v in ("lru", "qk", "bounds", "scorer", "attention"),
-                      help="which chunks stay resident: lru (sinks and the recent window); qk (cosine of each "
+        "policy": Key("salient", str, "one of 'lru', 'qk', 'bounds', 'salient', 'scorer', 'attention' (SFI only)",
+                      lambda v: v in ("lru", "qk", "bounds", "salient", "scorer", "attention"),
+                      help="which chunks stay resident: salient (per chunk and KV head the key farthest from the chunk's "
+                           "mean key, in fp8: a quarter of qk's summary bytes; the default, docs/fidelity.md); "
+                           "lru (sinks and the recent window); qk (cosine of each "
                            "chunk's mean key with the latest query); bounds (the largest possible attention logit "
-                           "per 16-token page, from its key minimum and maximum in fp8, 2x QK's summary bytes; the "
-                           "best needle retrieval without a drafter, docs/fidelity.md); scorer (PFlash's drafter; "
+                           "per 16-token page, from its key minimum and maximum in fp8, 2x QK's summary bytes); scorer (PFlash's drafter; "
                            "needs pflash.drafter); attention (the largest attention logit over each chunk's keys; "
                            "needs selection sfi)"),
+        "query_window": Key(8, int, "an integer in [1, 64] (tokens whose queries a reselection scores with)",
+                            lambda v: 1 <= v <= 64,
+                            help="reselections score chunks with the queries of the last N tokens (the prompt's "
+                                 "last N before its final token, then each decoded token)"),
         "selection": Key("page", str, "one of 'page' (bounded residency, cold chunks paged to host) or 'sfi' "
                          "(all KV resident, decode attends to a pool-sized selection with dense refresh steps)",
                          lambda v: v in ("page", "sfi"),

@@ -2,7 +2,8 @@
 
 SPEC (JSON): {"model": path, "llm": {LLM keyword arguments}, "prompts": [text or token-id lists],
 "max_tokens": n, "xargs": [each prompt's vllm_xargs or null], "predictable": bool (register the test-only drafter class; in-process engines only),
-"rpc": ["kvflash"] (the workers' KVFlash totals), "kvflash_probe": bool (tests/gpu/kvflash_probe.py)}. OUT gets the greedy token ids, the serving
+"rpc": ["kvflash"] (the workers' KVFlash totals), "kvflash_probe": bool (tests/gpu/kvflash_probe.py),
+"record_reselections": bool (each request's KVFlash reselections, in-process engines only)}. OUT gets the greedy token ids, the serving
 class, how vLLM ran (model runner, CUDA graphs, async scheduling), vLLM's spec-decode counters and the
 vllm:luce_* metrics. Nothing here sets vLLM's runtime defaults: the spec's `llm` and the caller's
 environment (VLLM_PLUGINS, VLLM_USE_V2_MODEL_RUNNER) decide.
@@ -45,7 +46,8 @@ def run(spec: dict) -> dict:
     params = [SamplingParams(max_tokens=spec.get("max_tokens", 24), temperature=0.0, ignore_eos=True, extra_args=x)
               for x in xargs]
     start = time.perf_counter()
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    with _recording(spec.get("record_reselections")) as events:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - start
     result = {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "texts": [o.outputs[0].text for o in outputs],
               "prompt_tokens": [len(o.prompt_token_ids) for o in outputs],
@@ -55,7 +57,23 @@ def run(spec: dict) -> dict:
         result["kvflash"] = llm.collective_rpc(_kvflash_report)
     if probe is not None:
         result["kvflash_probe"] = probe
+    if events is not None:
+        from fixtures.reask import events_of
+
+        result["reselections"] = [[(t, sorted(b), sorted(a)) for t, b, a in events_of(events, o.request_id)]
+                                  if events else [] for o in outputs]
     return result
+
+
+def _recording(on):
+    """``fixtures.reask.record_reselections`` when asked for, else a context giving None."""
+    import contextlib
+
+    if not on:
+        return contextlib.nullcontext()
+    from fixtures.reask import record_reselections
+
+    return record_reselections()
 
 
 # What workers run is named by module (tests.gpu.engine, never __main__) so that it pickles to every rank.

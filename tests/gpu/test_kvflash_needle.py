@@ -2,7 +2,7 @@
 64K tokens (12.5% and 6.25% residency), every residency policy against full KV. Select it with
 ``-k kvflash_needle``:
 
-    LUCE_GPU_WORKERS=1 LUCE_GPU_TIMEOUT=560 bash scripts/gpu_tier.sh -k kvflash_needle   # one H100 or H200
+    LUCE_GPU_WORKERS=2 LUCE_GPU_TIMEOUT=560 bash scripts/gpu_tier.sh -k kvflash_needle   # one H100 or H200
 
 Cases: the needle harness of the CPU baselines (``fixtures/needle.py``, held-out code, a ``KEY_<n> =
 "<digits>"`` line at depths 0.1-0.9, the prompt ends with ``KEY_<n> = "``), 2 seeds per depth (10 cases) at
@@ -18,6 +18,14 @@ with its cause and fails the test after the others' figures are out.
 
 The test asserts the done bar of issue 41 for the default policy at 12.5% residency: at least 90% of full KV's
 accuracy, single and multi-needle; at 64K the figures are reported only.
+
+``test_kvflash_needle_reask_at_32k_pool_4k`` (also selected by ``-k kvflash_needle``; ``-k reask`` alone) is the
+"evicted earlier, asked again" case (``fixtures/reask.py``) at 32K with the 4K pool: 5 conversations
+scripted through ``fixtures/forced.py`` (ask A, ask 3 other needles, read 4,608 tokens of held-out code,
+ask A again), full KV, the default policy and LRU, the pagers' reselections recorded in-process. It prints each
+ask's accuracy and how often A's chunk had been evicted before the re-ask and came back (``kvflash_reask.json``
+in the logs), and asserts the default's re-ask accuracy is at least 90% of full KV's. With both tests, run two
+pytest workers (``LUCE_GPU_WORKERS=2``) so that they run side by side.
 """
 
 from __future__ import annotations
@@ -31,7 +39,8 @@ import pytest
 
 from fixtures import needle as N
 from fixtures.trained import heldout_files, trained_model
-from tests.gpu.conftest import llm_args, run_engine
+from fixtures import reask as R
+from tests.gpu.conftest import TP, llm_args, run_engine
 from vllm_luce.config import SCHEMA
 
 POOL = 4096
@@ -39,7 +48,7 @@ DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 SEEDS = range(2)
 # (prompt tokens, other needles): single-needle prompts at 32K and 64K, the multi-needle case at 32K
 SETS = ((32768, 0), (65536, 0), (32768, 2))
-POLICIES = ("lru", "qk", "bounds", "scorer")
+POLICIES = ("lru", "qk", "bounds", "salient", "scorer")  # each at the default query window
 DEFAULT = SCHEMA["kvflash"]["policy"].default
 BAR = 0.9  # of full KV's accuracy, at 12.5% residency (issue 41)
 MAX_LEN = 65536 + 64
@@ -129,3 +138,61 @@ def test_kvflash_needle_policies_against_full_kv_at_32k_64k_pool_4k(trained_hybr
     full, default = results["full KV"]["sets"], results[f"pool {POOL}, {DEFAULT}"]["sets"]
     for name in ("32K", "32K +2"):  # 12.5% residency
         assert default[name]["accuracy"] >= BAR * full[name]["accuracy"], (name, default[name], full[name])
+
+
+REASK_TOKENS, REASK_FILLER = 32768, 4608  # the filler: 72 chunks, more than the pool's 59 selectable ones
+
+
+@pytest.fixture(scope="module")
+def conversations(cases):
+    tokenizer = cases[0]
+    return tokenizer, R.make_cases(tokenizer, REASK_TOKENS, range(1), POOL, filler_tokens=REASK_FILLER)
+
+
+@pytest.mark.skipif(TP != 1, reason="the pagers' reselections are recorded in-process")
+def test_kvflash_needle_reask_at_32k_pool_4k(trained_hybrid, conversations, tmp_path):
+    from fixtures.forced import SCRIPT_KEY
+
+    tokenizer, found = conversations
+
+    def conversation_spec(policy):
+        s = spec(trained_hybrid, [c.prompt_ids for c in found], policy)
+        s.update(max_tokens=max(len(c.script) for c in found), xargs=[{SCRIPT_KEY: c.script} for c in found],
+                 record_reselections=policy is not None)
+        # the script is indexed by output position: scheduling ahead of the sampler is off
+        s["llm"].update(logits_processors=["fixtures.forced:ForcedTokens"], async_scheduling=False)
+        return s
+
+    engines = {"full KV": conversation_spec(None), f"pool {POOL}, {DEFAULT}": conversation_spec(DEFAULT),
+               f"pool {POOL}, lru": conversation_spec("lru")}
+    env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    with ThreadPoolExecutor(len(engines)) as pool:
+        runs = {label: pool.submit(run_engine, s, tmp_path, name="reask_" + label.replace(" ", "_").replace(",", ""),
+                                   timeout=500, **env) for label, s in engines.items()}
+    results = {}
+    for label, run in runs.items():
+        try:
+            out = run.result()
+        except Exception as failure:  # noqa: BLE001 - reported below, the test fails after the table
+            results[label] = {"error": str(failure).splitlines()[0][:300]}
+            continue
+        events = out.get("reselections") if label != "full KV" else None
+        results[label] = {**R.score_conversations(tokenizer, found, out["tokens"], events), "seconds": round(out["seconds"], 1)}
+    lines = ["| config | first ask | other asks | re-ask | selected | evicted | back | aligned |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for label, r in results.items():
+        lines.append(f"| {label} | failed: {r['error']} |" if "error" in r else
+                     f"| {label} | {r['first_accuracy']:.0%} | {r['others_accuracy']:.0%} | {r['again_accuracy']:.0%} | "
+                     f"{r.get('selected', '')} | {r.get('evicted', '')} | {r.get('again_when_evicted', '')} | "
+                     f"{r.get('aligned', '')} |")
+    report = {"pool_tokens": POOL, "prompt_tokens": REASK_TOKENS, "filler_tokens": REASK_FILLER, "results": results}
+    print(f"\nKVFlash asked, evicted, asked again at {REASK_TOKENS // 1024}K, pool {POOL} ({len(found)} conversations):\n"
+          + "\n".join(lines) + "\n" + json.dumps(report), flush=True)
+    if os.environ.get("LUCE_GPU_LOGS"):
+        Path(os.environ["LUCE_GPU_LOGS"]).mkdir(parents=True, exist_ok=True)
+        (Path(os.environ["LUCE_GPU_LOGS"]) / "kvflash_reask.json").write_text(json.dumps(report, indent=1))
+    failed = {label: r["error"] for label, r in results.items() if "error" in r}
+    assert not failed, failed
+    default = results[f"pool {POOL}, {DEFAULT}"]
+    assert default["aligned"] == len(found), default  # every question's step reselected, as scripted
+    assert default["again_accuracy"] >= BAR * results["full KV"]["again_accuracy"], results

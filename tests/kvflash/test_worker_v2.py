@@ -149,4 +149,4 @@ def test_what_attention_and_query_capture_touch_keeps_its_address_from_step_to_s
         seen.append((built.seq_lens.data_ptr(), runtime._rows.data_ptr(), runtime._queries[0].data_ptr(), query[-1]))
     assert len({s[:3] for s in seen}) == 1, seen
     step(runner, 202, 1)  # the next step hands the last one's queries to the pager
-    assert torch.equal(runtime.pagers["r"].queries[0], seen[-1][3].float())
+    assert torch.equal(runtime.pagers["r"].query_tokens[-1, 0], seen[-1][3].float())  # the newest in the window

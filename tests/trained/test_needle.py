@@ -55,3 +55,38 @@ def test_distractor_needles_are_planted_with_other_keys_and_the_query_asks_for_t
     assert len(keys) == 3 and len({k for k, _ in keys}) == 3
     assert asked == f'KEY_{keys[[d for _, d in keys].index(multi.answer)][0]} = "' and multi.answer == single.answer
     assert abs(multi.prompt_tokens - 1024) < 40
+
+
+def test_reask_script_asks_each_needle_and_lands_every_later_question_on_a_reselection(tok):
+    schedule = list(range(40, 4000, 50))  # a stand-in for the pager's reselection steps
+    case = N.make_reask_case(tok, list(heldout_files()), tokens=1024, depth=0.3, seed=2, others=2,
+                             reselections=lambda p, n: schedule, filler_tokens=200)
+    assert list(case.asks) == ["first", "other1", "other2", "again"]
+    prompt = tok.decode(case.prompt_ids)
+    assert prompt.endswith(f'KEY_{prompt.rsplit("KEY_", 1)[1]}') and prompt.count("KEY_") == 4
+    assert tok.decode(case.prompt_ids[slice(*case.needle_tokens)]) == case.answers["first"] == case.answers["again"]
+    free = [i for i, t in enumerate(case.script) if t == N.FREE]
+    assert free == [i for at in case.asks.values() for i in range(at, at + N.NEEDLE_DIGITS)]
+    for name, last in case.reselect_at.items():
+        assert last in schedule and case.asks[name] == last + 1
+        planted = prompt.split(f'{case.answers[name]}"')[0].rsplit("\n", 1)[1]  # 'KEY_<n> = "' of that needle
+        assert tok.decode(case.script[last - 12 : last + 1]).endswith(f'\n{planted}')
+    # the re-ask comes after at least the filler; the filler is held-out code without other keys
+    between = case.script[case.asks["other2"] + N.NEEDLE_DIGITS : case.reselect_at["again"] + 1]
+    assert len(between) >= 200 and tok.decode(between).count("KEY_") == 1
+    assert len(case.script) == case.asks["again"] + N.NEEDLE_DIGITS
+
+
+def test_reselection_outputs_follow_the_pagers_interval():
+    from fixtures.reask import reselection_outputs
+    from vllm_luce.kvflash.pager import PagerConfig
+
+    steps = reselection_outputs(PagerConfig(pool_tokens=512), 2048, 300)
+    # after the prompt-end reselection: every max(16, tokens // 45) decoded tokens
+    expected, since = [], 0
+    for i in range(300):
+        since += 1
+        if since >= max(16, (2048 + i + 1) // 45):
+            expected.append(i)
+            since = 0
+    assert steps == expected and steps[0] == 45

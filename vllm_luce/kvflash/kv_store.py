@@ -223,6 +223,18 @@ class PagedPoolStore:
 
         return outward_fp8(self.key_bounds(position, page_tokens))
 
+    def salient_keys(self, position: int) -> torch.Tensor:
+        """[layers, kv_heads, head] fp8 e5m2: per KV head the chunk's key farthest from its mean key, the salient
+        policy's summary. On a GPU one launch reads only the keys (``kernels.chunk_salient``); fp8 caches and the
+        CPU take the torch path (``salient_from_keys``)."""
+        if self.mover is not None and self.mover.dtype.itemsize > 1:
+            from vllm_luce.kernels.chunk_salient import salient_keys  # imports Triton: GPU only
+
+            return salient_keys(self.mover, self._cache_slots(position), self.head)
+        from vllm_luce.kernels.chunk_salient.naive import salient_from_keys
+
+        return salient_from_keys(torch.stack([self._keys(t) for t in self._tokens(position)]))
+
     def _keys(self, tokens: torch.Tensor) -> torch.Tensor:
         """Keys [T, kv_heads, head] of a token-form gather."""
         return tokens[:, :, 0] if self.elements is not None else tokens[..., :self.head]

@@ -119,6 +119,9 @@ class TensorStore:
     def summarize(self, position: int) -> torch.Tensor:
         return self.data[position].float().mean(dim=-3)  # mean over the chunk's tokens
 
+    def chunk_keys(self, position: int) -> torch.Tensor:
+        return self.data[position]  # [..., tokens, H, D]
+
     def key_bounds(self, position: int, page_tokens: int) -> torch.Tensor:
         x = self.data[position]  # [..., tokens, H, D] -> [..., pages, H, 2 (min, max), D]
         x = x.unflatten(-3, (-1, page_tokens))
@@ -161,7 +164,8 @@ class RequestPager:
     decoded_since_reselect: int = 0
     last_used: dict[int, int] = field(default_factory=dict)  # logical chunk -> token count when last used
     summaries: dict[int, torch.Tensor] = field(default_factory=dict)  # chunk -> [layers, kv_heads, head_dim]
-    queries: torch.Tensor | None = None  # [layers, q_heads, head_dim] of the latest token (QK policy)
+    queries: torch.Tensor | None = None  # [layers, q_heads, head_dim] of the latest token(s) (query_window.py)
+    query_tokens: torch.Tensor | None = None  # [tokens, layers, q_heads, head_dim]: the window ``queries`` holds
     # Where each chunk's bytes are in the store now; ``resident`` runs ahead of it within a step.
     stored_at: dict[int, int] = field(default_factory=dict)
 

@@ -49,7 +49,8 @@ class RequestSelection:
     select_pending: bool = True  # choose a selection at the next fast step (after prefill / a slow step)
     decoded_since_refresh: int = 0
     summaries: dict[int, torch.Tensor] = field(default_factory=dict)  # chunk -> [layers, kv_heads, head_dim]
-    queries: torch.Tensor | None = None  # [layers, q_heads, head_dim] of the latest token
+    queries: torch.Tensor | None = None  # [layers, q_heads, head_dim] of the latest token(s) (query_window.py)
+    query_tokens: torch.Tensor | None = None  # [tokens, layers, q_heads, head_dim]: the window ``queries`` holds
     last_used: dict[int, int] = field(default_factory=dict)  # chunk -> token count when written (LRU)
     stats: PagerStats = field(default_factory=PagerStats)
     host: dict = field(default_factory=dict)  # never holds anything: SFI keeps all KV resident

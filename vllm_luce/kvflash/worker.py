@@ -9,8 +9,9 @@ Per step, before the forward (``plan``):
 With ``selection: "sfi"`` a ``RequestSelection`` (``sfi.py``) stands in for the pager: all KV stays
 resident and a fast step's attention reads a suffix of the request's block row (the builder drops
 the row's first ``skipped_tokens() // block_size`` blocks).
-After the forward, the pooled layers' queries of each request's last token are kept (on the device)
-for the QK policy. Finished and preempted requests release their pagers (and host pages).
+After the forward, the pooled layers' queries of each request's last token (and, in steps with several
+tokens of a request, of its last ``query_window`` tokens) are kept (on the device) for the policies.
+Finished and preempted requests release their pagers (and host pages).
 
 CUDA graphs replay the device addresses they captured, and vLLM captures whole decode steps (FULL graphs:
 FlashAttention reads ``seq_lens`` as ``seqused_k`` inside the graph) with no Python run on replay. So every
@@ -38,6 +39,7 @@ from vllm_luce.kvflash.kv_store import (CPU_LAYOUT, PACKED_LAYOUT, PagedPoolStor
                                        to_device_async)
 from vllm_luce.kvflash.pager import PagerConfig, PagerStats, RequestPager
 from vllm_luce.kvflash.policies import make_policy
+from vllm_luce.kvflash.query_window import push_queries, window_rows
 from vllm_luce.kvflash.sfi import RequestSelection
 from vllm_luce.kvflash.settings import pager_config_from, resolve_host_bytes
 from vllm_luce.log import logger, tag
@@ -46,7 +48,8 @@ from vllm_luce.log import logger, tag
 class KVFlashRuntime:
     def __init__(self, config: PagerConfig, policy_name: str, caches: list[torch.Tensor], layout: TokenLayout,
                  head_size: int, block_size: int, max_num_reqs: int, scorer=None, reduce_max=None,
-                 host_budget: int | None = None, metric_labels: dict | None = None, selection: str = "page"):
+                 host_budget: int | None = None, metric_labels: dict | None = None, selection: str = "page",
+                 query_window: int = 1):
         self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
         self.selection = selection
         self.caches = caches
@@ -59,6 +62,9 @@ class KVFlashRuntime:
         self.max_num_reqs = max_num_reqs
         self._rows: torch.Tensor | None = None  # device [max_num_reqs]: this step's last-token rows (0 beyond)
         self._queries: dict[int, torch.Tensor] = {}  # pooled layer -> device [max_num_reqs, q_heads, head]
+        self.query_window = query_window  # tokens whose queries a reselection scores with (query_window.py)
+        self._window: tuple | None = None  # this step's (device rows, (first, count) per request), if any
+        self._window_queries: dict[int, torch.Tensor] = {}  # pooled layer -> [window rows, q_heads, head]
         self._buffers: dict[str, torch.Tensor] = {}  # graph_buffer's
         self.host_bytes_released = 0
         self.released = PagerStats()  # totals of released pagers
@@ -137,6 +143,7 @@ class KVFlashRuntime:
             self.resident_lens[r] = pager.resident_tokens()
             self.skip_blocks[r] = pager.skipped_tokens() // self.block_size
         self.step_req_ids = list(req_ids)
+        self._plan_window(query_start_loc, len(req_ids))
         self.report_metrics()
         self.step_last_rows = np.asarray(query_start_loc[1: len(req_ids) + 1], dtype=np.int64) - 1
         if self._rows is not None:
@@ -158,6 +165,20 @@ class KVFlashRuntime:
                                                      device=query.device)
         n = min(query.shape[0], self.max_num_reqs)  # a graph of n tokens holds at most n requests
         torch.index_select(query, 0, self._rows[:n].clamp(max=query.shape[0] - 1), out=buf[:n])
+        if self._window is not None and not (query.is_cuda and torch.cuda.is_current_stream_capturing()):
+            # steps with several tokens of a request run attention outside CUDA graphs; a replay skips this
+            self._window_queries[layer] = query.index_select(0, self._window[0].clamp(max=query.shape[0] - 1))
+
+    def _plan_window(self, query_start_loc: np.ndarray, num_reqs: int) -> None:
+        """This step's window rows (``query_window.window_rows``), on the queries' device once one is known."""
+        self._window_queries = {}
+        found = window_rows(query_start_loc, num_reqs, self.query_window) \
+            if getattr(self.policy, "needs_queries", False) else None
+        if found is None:
+            self._window = None
+            return
+        device = next(iter(self._queries.values())).device if self._queries else self.caches[0].device
+        self._window = (to_device_async(torch.from_numpy(found[0]), device), found[1])
 
     def _load_rows(self) -> None:
         rows = torch.zeros(self.max_num_reqs, dtype=torch.int64)
@@ -171,9 +192,15 @@ class KVFlashRuntime:
         if not self._queries or not n:
             return
         stacked = torch.stack([self._queries[k][:n] for k in sorted(self._queries)], dim=1).float()  # [n, L, H, D]
+        spans, window = None, None
+        if self._window is not None and len(self._window_queries) == len(self._queries):
+            spans = self._window[1]
+            window = torch.stack([self._window_queries[k] for k in sorted(self._queries)], dim=1).float()
         for r, req_id in enumerate(self.step_req_ids[:n]):
             if req_id in self.pagers:
-                self.pagers[req_id].queries = stacked[r]
+                first, count = spans[r] if spans is not None else (0, 0)
+                latest = window[first : first + count] if count else stacked[r : r + 1]
+                push_queries(self.pagers[req_id], latest, self.query_window)
 
     def graph_buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """A tensor shaped like ``like`` at an address that stays while shapes fit (``max_num_reqs`` rows or
@@ -342,7 +369,7 @@ def runtime_options(vllm_config, luce) -> dict:
     except (AssertionError, RuntimeError):  # no parallel state (unit tests)
         rank = 0
     budget = resolve_host_bytes(luce.kvflash.host_bytes, local_ranks)
-    return {"host_budget": budget, "selection": luce.kvflash.selection,
+    return {"host_budget": budget, "selection": luce.kvflash.selection, "query_window": luce.kvflash.query_window,
             "metric_labels": {"model_name": metrics.model_name(vllm_config), "rank": rank}}
 
 

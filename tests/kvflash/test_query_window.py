@@ -1,0 +1,113 @@
+"""KVFlash's query window (``query_window.py``) and the salient policy, pure torch: the window's rows keep each
+query head's tokens next to each other so that policies group them as they group heads; the runtime hands a
+prefill step's last tokens and then each decode step's token to the pager; a salient key the window points at
+lifts its chunk; the summary is a quarter of QK's bytes."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from tests.kvflash.test_worker_v2 import CM, D, POOL, fake_runner, step
+from vllm_luce.config import LuceConfig
+from vllm_luce.kernels.chunk_salient import salient_from_keys, salient_scores_naive
+from vllm_luce.kvflash.pager import PagerConfig, RequestPager, TensorStore
+from vllm_luce.kvflash.policies import QK, Salient, make_policy
+from vllm_luce.kvflash.query_window import push_queries, window_rows
+
+
+def test_a_window_of_one_is_the_latest_tokens_queries():
+    pager = SimpleNamespace()
+    q = torch.randn(5, 2, 4, 8)
+    push_queries(pager, q, 1)
+    assert torch.equal(pager.queries, q[-1])
+
+
+def test_the_window_keeps_the_last_tokens_each_heads_rows_adjacent():
+    pager = SimpleNamespace()
+    q = torch.randn(3, 2, 4, 8)  # 3 tokens, 2 layers, 4 query heads
+    push_queries(pager, q, 4)
+    assert pager.queries.shape == (2, 12, 8)
+    assert torch.equal(pager.queries[1, 2 * 3 + 1], q[1, 1, 2])  # head 2's token 1 at row 2 * 3 + 1
+    more = torch.randn(2, 2, 4, 8)  # two more tokens: the window keeps the last 4 of the 5
+    push_queries(pager, more, 4)
+    assert torch.equal(pager.query_tokens, torch.cat([q[1:], more]))
+    assert torch.equal(pager.queries[0, 3 * 4 + 3], more[1, 0, 3])
+    # grouped over 2 KV heads, rows 0-7 (heads 0-1, 4 tokens each) belong to KV head 0 as heads 0-1 do
+    keys = torch.zeros(1, 2, 2, 8)
+    keys[0, 0, 1] = torch.randn(8)  # only KV head 1 has a key: its group is heads 2-3, every token of the window
+    keys = keys.to(torch.float8_e5m2)
+    rows = pager.query_tokens[:, 0, 2:4].reshape(-1, 8)  # layer 0, heads 2-3, 4 tokens each
+    expected = max((rows @ keys[0, 0, 1].float()).max().item(), 0.0) / 8 ** 0.5
+    assert abs(salient_scores_naive(pager.queries, keys)[0, 0].item() - expected) < 1e-5
+
+
+def test_window_rows_take_each_requests_last_tokens_and_skip_decode_steps():
+    rows, spans = window_rows(np.array([0, 200, 201, 204]), 3, 8)
+    assert rows.tolist() == list(range(192, 200)) + [200] + [201, 202, 203]
+    assert spans == [(0, 8), (8, 1), (9, 3)]
+    assert window_rows(np.array([0, 1, 2]), 2, 8) is None  # one token each: the latest-token buffer has them
+    assert window_rows(np.array([0, 200]), 1, 1) is None
+
+
+def test_the_runtime_hands_a_prefills_last_tokens_then_each_decoded_token_to_the_pager():
+    from vllm_luce.kvflash.worker_v2 import bind_v2
+
+    runner, _ = fake_runner()
+    luce = LuceConfig.from_sources({"luce": {"kvflash": {"pool_tokens": POOL, "policy": "salient",
+                                                         "query_window": 4}}}, {})
+    runtime = bind_v2(runner, luce)
+    runner.block_tables.append_block_ids(2, ([1], [9, 4, 12]), overwrite=False)
+    layer = runner.compilation_config.static_forward_context["pooled"]
+    builder = runner.attn_groups[1][0].metadata_builders[0]
+    seen = []
+    for start, n in ((0, 200), (200, 1), (201, 1)):
+        step(runner, start, n)  # hands the previous step's queries to the pager, then plans this one
+        if seen:
+            expected = torch.cat(seen)[-4:].float()  # the last 4 tokens run so far
+            assert torch.equal(runtime.pagers["r"].query_tokens[:, 0], expected)
+        builder.build(0, CM(1, torch.tensor([start + n]), start + n, n))
+        seen.append(torch.randn(n, 4, D))
+        layer.impl.forward(layer, seen[-1], None, None, None, SimpleNamespace(num_actual_tokens=n), None)
+    step(runner, 202, 1)
+    pager = runtime.pagers["r"]
+    assert torch.equal(pager.query_tokens[:, 0], torch.cat([seen[0][-2:], seen[1], seen[2]]).float())
+    assert pager.queries.shape == (1, 4 * 4, D)
+
+
+def test_a_salient_key_the_window_points_at_lifts_its_chunk_and_takes_a_quarter_of_qks_bytes():
+    cfg = PagerConfig(pool_tokens=512)
+    store = TensorStore(cfg.pool_chunks, (2, 64, 2, 16))
+    pager, policy = RequestPager(cfg, store), make_policy("salient")
+    g = torch.Generator().manual_seed(0)
+    needle = torch.randn(16, generator=g) * 4
+    for start in range(0, 1024, 64):
+        pager.prepare(start, 64, policy)
+        written = store.data[pager.stored_at[start // 64]]  # [layers, tokens, KV heads, head]
+        written.copy_(torch.randn(written.shape, generator=g) * 0.5)
+        if start == 320:  # chunk 5: one token of layer 1, KV head 1 stands out
+            written[1, 17, 1] = needle
+    assert 5 in pager.host  # paged out during the prefill
+    window = torch.randn(8, 2, 4, 16, generator=g) * 0.1
+    window[-3, 1, 2] = needle  # an earlier token of the window, a query head of KV head 1's group
+    push_queries(pager, window, 8)
+    pager.prepare(1024, 1, policy, prompt_end=True)
+    assert 5 in pager.resident
+    summary = pager.summaries[5]
+    assert summary.dtype == torch.float8_e5m2 and summary.shape == (2, 2, 16)
+    qk_bytes = 2 * 2 * 16 * 4  # QK's fp32 mean key per layer and KV head
+    assert summary.numel() * summary.element_size() * 4 == qk_bytes
+    assert torch.equal(summary[1, 1], needle.to(store.data.dtype).float().to(torch.float8_e5m2))
+
+
+def test_salient_summary_is_the_key_farthest_from_the_mean_and_scores_by_its_best_layer():
+    keys = torch.zeros(2, 8, 1, 4)
+    keys[0, 3, 0] = torch.tensor([1.0, 0, 0, 0])
+    keys[1, 6, 0] = torch.tensor([0, 0, -2.0, 0])
+    summary = salient_from_keys(keys)
+    assert summary.float().tolist() == [[[1.0, 0, 0, 0]], [[0, 0, -2.0, 0]]]
+    pager = SimpleNamespace(queries=torch.tensor([[[2.0, 0, 0, 0]], [[0, 0, -1.0, 0]]]),
+                            summaries={0: summary, 1: torch.zeros(2, 1, 4).to(torch.float8_e5m2)})
+    scores = Salient().scores(pager, [0, 1])
+    assert scores.tolist() == [1.0, 0.0]  # max(2 * 1, -1 * -2) / sqrt(4); the empty chunk scores 0
+    assert isinstance(Salient(), QK) and Salient.name == "salient"
