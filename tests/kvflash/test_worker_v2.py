@@ -150,3 +150,35 @@ def test_what_attention_and_query_capture_touch_keeps_its_address_from_step_to_s
     assert len({s[:3] for s in seen}) == 1, seen
     step(runner, 202, 1)  # the next step hands the last one's queries to the pager
     assert torch.equal(runtime.pagers["r"].query_tokens[-1, 0], seen[-1][3].float())  # the newest in the window
+
+
+class CapturingBuilder:
+    """vLLM's default ``build_for_cudagraph_capture``: ``self.build`` on the builder itself."""
+
+    def build(self, common_prefix_len, cm, *args, **kwargs):
+        return cm
+
+    def build_for_cudagraph_capture(self, cm):
+        return self.build(0, cm)
+
+
+def test_a_captured_graph_reads_the_pooled_lengths_that_later_steps_write():
+    """A graph captured through vLLM's capture build must read the buffer each step's build fills with the
+    resident lengths, never vLLM's own seq_lens (the whole context: attention over blocks the pool lacks)."""
+    from vllm_luce.kvflash.worker_v2 import bind_v2
+
+    runner, _ = fake_runner()
+    runner.attn_groups[1][0].metadata_builders = [CapturingBuilder()]
+    luce = LuceConfig.from_sources({"luce": {"kvflash": {"pool_tokens": POOL}}}, {})
+    runtime = bind_v2(runner, luce)
+    builder = runner.attn_groups[1][0].metadata_builders[0]
+    assert not builder.supports_update_block_table
+    vllms = torch.tensor([4096, 4096])  # vLLM captures at long lengths
+    captured = builder.build_for_cudagraph_capture(CM(2, vllms, 4096, 1))
+    assert captured.seq_lens.data_ptr() != vllms.data_ptr()
+    assert captured.seq_lens.tolist() == [POOL, POOL] and captured.max_seq_len == POOL
+    runner.block_tables.append_block_ids(2, ([1], [9, 4, 12]), overwrite=False)
+    step(runner, 0, 300)
+    built = builder.build(0, CM(1, torch.tensor([300, 0]), 300, 300))
+    assert built.seq_lens.data_ptr() == captured.seq_lens.data_ptr()
+    assert captured.seq_lens.tolist() == [runtime.pagers["r"].resident_tokens(), 0]

@@ -421,7 +421,13 @@ def _bind_slot_mapping(runner, block_table, runtime: KVFlashRuntime) -> None:
 
 
 class _PooledBuilder:
-    """Wraps the group's attention metadata builder: attention reads the resident tokens only."""
+    """Wraps the group's attention metadata builder: attention reads the resident tokens only.
+
+    vLLM captures a CUDA graph through ``build_for_cudagraph_capture``, whose default calls ``build`` on the
+    builder itself: unwrapped, the graph would keep reading vLLM's own ``seq_lens`` (the whole context) on every
+    replay. So capture goes through ``_pooled`` too, at the lengths a pool can have."""
+
+    supports_update_block_table = False  # vLLM's shortcut reuses another build's metadata: never for the pool
 
     def __init__(self, inner, runtime: KVFlashRuntime):
         self._inner, self._runtime = inner, runtime
@@ -429,13 +435,18 @@ class _PooledBuilder:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def _pooled(self, cm):
+    def _pooled(self, cm, capture: bool = False):
         n, runtime = cm.num_reqs, self._runtime
-        lens_cpu = runtime.resident_lens[:n]
         lens = runtime.graph_buffer("seq_lens", cm.seq_lens)
-        lens.copy_(cm.seq_lens)  # rows past the batch (graph padding) as vLLM set them
-        if n:
-            lens[:n].copy_(to_device_async(lens_cpu.to(lens.dtype), lens.device))
+        if capture:  # vLLM's capture lengths, within what a pool holds (SFI's dense steps read everything)
+            cap = cm.max_seq_len if runtime.selection == "sfi" else min(cm.max_seq_len, runtime.config.pool_tokens)
+            torch.clamp(cm.seq_lens, max=cap, out=lens)
+            lens_cpu = torch.full((n,), cap, dtype=torch.int32)
+        else:
+            lens_cpu = runtime.resident_lens[:n]
+            lens.copy_(cm.seq_lens)  # rows past the batch (graph padding) as vLLM set them
+            if n:
+                lens[:n].copy_(to_device_async(lens_cpu.to(lens.dtype), lens.device))
         changes = dict(seq_lens=lens, max_seq_len=int(lens_cpu.max()) if n else 0)
         if runtime.selection == "sfi":  # fast steps: a row starts at its selection's first block
             table = runtime.graph_buffer("block_table", cm.block_table_tensor)
@@ -453,6 +464,9 @@ class _PooledBuilder:
 
     def build(self, common_prefix_len, common_attn_metadata, *args, **kwargs):
         return self._inner.build(0, self._pooled(common_attn_metadata), *args, **kwargs)
+
+    def build_for_cudagraph_capture(self, common_attn_metadata):
+        return self._inner.build_for_cudagraph_capture(self._pooled(common_attn_metadata, capture=True))
 
     def build_for_drafting(self, common_attn_metadata, draft_index):
         return self._inner.build_for_drafting(self._pooled(common_attn_metadata), draft_index)
