@@ -3,7 +3,8 @@
 SPEC (JSON): {"model": path, "llm": {LLM keyword arguments}, "prompts": [text or token-id lists],
 "max_tokens": n, "xargs": [each prompt's vllm_xargs or null], "predictable": bool (register the test-only drafter class; in-process engines only),
 "rpc": ["kvflash"] (the workers' KVFlash totals), "kvflash_probe": bool (tests/gpu/kvflash_probe.py),
-"record_reselections": bool (each request's KVFlash reselections, in-process engines only)}. OUT gets the greedy token ids, the serving
+"record_reselections": bool (each request's KVFlash reselections, in-process engines only), "logprobs": k (each
+position's sampled and top-k logprobs)}. OUT gets the greedy token ids, the serving
 class, how vLLM ran (model runner, CUDA graphs, async scheduling), vLLM's spec-decode counters and the
 vllm:luce_* metrics. Nothing here sets vLLM's runtime defaults: the spec's `llm` and the caller's
 environment (VLLM_PLUGINS, VLLM_USE_V2_MODEL_RUNNER) decide.
@@ -43,8 +44,8 @@ def run(spec: dict) -> dict:
         probe = kvflash_probe.install(llm)
     prompts = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in spec["prompts"]]
     xargs = spec.get("xargs") or [None] * len(prompts)  # each prompt's vllm_xargs
-    params = [SamplingParams(max_tokens=spec.get("max_tokens", 24), temperature=0.0, ignore_eos=True, extra_args=x)
-              for x in xargs]
+    params = [SamplingParams(max_tokens=spec.get("max_tokens", 24), temperature=0.0, ignore_eos=True, extra_args=x,
+                             logprobs=spec.get("logprobs")) for x in xargs]
     start = time.perf_counter()
     with _recording(spec.get("record_reselections")) as events:
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -53,6 +54,9 @@ def run(spec: dict) -> dict:
               "prompt_tokens": [len(o.prompt_token_ids) for o in outputs],
               "class": llm.apply_model(class_name)[0],
               "seconds": seconds, **_facts(llm), "counters": _counters(llm)}
+    if spec.get("logprobs"):  # per position: the sampled token's logprob, then the top ones, best first
+        result["logprobs"] = [[[step[t].logprob] + sorted((lp.logprob for lp in step.values()), reverse=True)
+                               for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outputs]
     if "kvflash" in spec.get("rpc", ()):
         result["kvflash"] = llm.collective_rpc(_kvflash_report)
     if probe is not None:

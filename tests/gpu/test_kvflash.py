@@ -51,23 +51,42 @@ def test_hybrid_target_with_kvflash_completes_a_long_prompt(trained_hybrid, tmp_
     assert len(out["tokens"][0]) == 32 and all(r["bound"] for r in out["kvflash"]), out["kvflash"]
 
 
+def drift_and_ties(graphs: dict, graphless: dict) -> tuple[float, list[float]]:
+    """Two runs of the same prompts: the largest difference of a sampled token's logprob while their tokens agree,
+    and, for each request whose tokens part, the smaller top-2 gap of the two runs where they part."""
+    drift, gaps = 0.0, []
+    for a, b, la, lb in zip(graphs["tokens"], graphless["tokens"], graphs["logprobs"], graphless["logprobs"]):
+        part = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        agreed = len(a) if part is None else part
+        drift = max([drift] + [abs(la[i][0] - lb[i][0]) for i in range(agreed)])
+        if part is not None:
+            gaps.append(min(la[part][1] - la[part][2], lb[part][1] - lb[part][2]))
+    return drift, gaps
+
+
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
-def test_cuda_graphs_give_the_tokens_of_graphless_steps_with_a_pool_8x_smaller(tiny_model, tmp_path, runner):
+def test_cuda_graphs_follow_graphless_steps_with_a_pool_8x_smaller(tiny_model, tmp_path, runner):
     """A replayed decode graph reads and writes the addresses it captured: KVFlash's pooled lengths and queries
-    must follow each step there as they do without graphs. Pooled output is lossy but deterministic, so the same
-    compiled model with and without CUDA graphs must give the same tokens, past a decode-time reselection (every
-    70 tokens at this context). ``enforce_eager`` is no reference: it also turns torch.compile off, whose other
-    bf16 rounding flips this random model's near-tied tokens (on an H200 they parted after 11 tokens). vLLM alone,
-    with and without graphs, is the control that the comparison can see a difference at all."""
+    must follow each step there as they do without graphs. The same compiled model with and without CUDA graphs
+    rounds differently, so a random model's near-tied tokens may flip (vLLM alone too, on V2): the runs must agree
+    on every sampled logprob within what graphs change in vLLM alone (the control), and may part only at a token
+    whose top-2 gap is within that. A graph that read vLLM's unpooled lengths attended the whole context through
+    the pool's table: far outside it. Past a decode-time reselection (every 70 tokens at this context)."""
     model, prompts = tiny_model("laguna"), [prompt(8 * POOL + 100, 8), prompt(5 * POOL, 9)]
     out = {}
     for pool in (None, POOL):
-        graphs = spec(model, prompts, pool, max_tokens=96)
+        graphs = spec(model, prompts, pool, max_tokens=96, logprobs=2)
         graphless = {**graphs, "llm": {**graphs["llm"], "compilation_config": {"cudagraph_mode": "NONE"}}}
         out[pool] = [run_engine(s, tmp_path, **RUNNERS[runner]) for s in (graphs, graphless)]
         assert out[pool][0]["cudagraph_mode"] != "NONE" and out[pool][1]["cudagraph_mode"] == "NONE"
-    assert out[None][0]["tokens"] == out[None][1]["tokens"], "vLLM alone differs with and without graphs here"
-    kv_graphs, kv_graphless = out[POOL]
-    assert kv_graphs["tokens"] == kv_graphless["tokens"]
+    control, control_gaps = drift_and_ties(*out[None])
+    tolerance = max(3 * control, 0.02)
+    drift, gaps = drift_and_ties(*out[POOL])
+    print(f"logprob drift, graphs vs graphless: vLLM alone {control:.4f} (parted at gaps {control_gaps}), "
+          f"KVFlash {drift:.4f} (parted at gaps {gaps}); tolerance {tolerance:.4f}")
+    assert drift <= tolerance and all(g <= 2 * tolerance for g in gaps), (drift, gaps, tolerance)
+    kv_graphs = out[POOL][0]
     assert kv_graphs["tokens"] != out[None][0]["tokens"], "the pool changed nothing: the test pages nothing"
     assert min(r["reselections"] for r in kv_graphs["kvflash"]) > 0, kv_graphs["kvflash"]
+
+

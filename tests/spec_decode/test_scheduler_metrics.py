@@ -44,7 +44,7 @@ def gated(gate, running=(), waiting=(), max_seqs=32):
     sched.luce_gate, sched.luce_max_spec_tokens, sched.max_num_running_reqs = gate, 15, max_seqs
     sched.running, sched.waiting, sched.requests, sched.asked = list(running), list(waiting), {}, []
     sched.dynamic_sd_lookup = S.GatedLookup(sched)
-    sched._luce_batch, sched._luce_scheduled_at, sched._luce_last_update = 0, {}, 0.0
+    sched._luce_batch, sched._luce_scheduled_at, sched._luce_last_update, sched._luce_planned = 0, {}, 0.0, None
     sched._luce_last_log, sched._luce_reported_at = float("inf"), float("inf")
     sched._luce_labels, sched._luce_verified, sched._luce_accepted_counts = {"model_name": "m"}, 0, {}
     return sched
@@ -66,7 +66,7 @@ def test_the_plan_covers_running_and_admissible_waiting_requests_and_is_what_vll
     assert set(gate.regimes) == {32} and sched.dynamic_sd_lookup.planned is None
 
 
-def test_a_plain_step_drops_every_draft_and_a_speculative_one_keeps_them():
+def test_a_plain_step_drops_every_draft_and_so_does_the_next_one_and_a_speculative_one_keeps_them():
     gate = SpecGate(GateConfig(run_length=2))
     sched = gated(gate, running=[req(str(i)) for i in range(4)])
 
@@ -78,6 +78,7 @@ def test_a_plain_step_drops_every_draft_and_a_speculative_one_keeps_them():
 
     assert step([7, 8]) == (0, [[]] * 4)  # calibrating, plain first: it verifies nothing
     assert step([7, 8]) == (0, [[]] * 4)
+    assert step([7, 8]) == (15, [[]] * 4)  # the drafts came from a plain step, which ran no drafter (V2)
     assert step([7, 8]) == (15, [[7, 8]] * 4)
 
 

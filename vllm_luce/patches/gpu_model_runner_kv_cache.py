@@ -12,8 +12,8 @@ TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"
 
 def binding_wrapper(target: str):
     """A wrapper factory for initialize_kv_cache (``target``) that, after vLLM's code, runs the feature-install rows
-    of vllm_luce/hooks.py for that runner whose feature is on (``bind(runner, luce)``): KVFlash's binding, then
-    PFlash's drafter (loaded on rank 0)."""
+    of vllm_luce/hooks.py for that runner whose feature is on (``bind(runner, luce)``): KVFlash's binding, DFlash's
+    plain steps (V2; the binding returns at once without a DFlash speculator), then PFlash's drafter (rank 0)."""
 
     def make(original):
         @functools.wraps(original)
@@ -24,7 +24,7 @@ def binding_wrapper(target: str):
 
             luce = LuceConfig.from_vllm_config(self.vllm_config)
             for hook in hooks.features(target=target) + hooks.features(hooks.KV_CACHE_BOTH):
-                if getattr(luce, hook.feature.lower()).enabled:
+                if getattr(luce, hook.feature.lower()).on_when_used():  # DFlash: on unless switched off
                     hook.function()(self, luce)
 
         return initialize_kv_cache

@@ -1,5 +1,6 @@
 """Switch the DFlash gate on in a VllmConfig: point vLLM's ``scheduler_cls`` setting at the gated
-scheduler when vLLM speculates with DFlash (called from the VllmConfig patch; no other effect)."""
+scheduler when vLLM speculates with DFlash, and on Model Runner V2 on CUDA give vLLM the draft-length table that
+makes it capture one-token decode graphs (``plain_steps.py``). Called from the VllmConfig patch."""
 
 from __future__ import annotations
 
@@ -30,7 +31,10 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
     dflash = luce.dflash
     if not (dflash.on_when_used() and dflash.gate):
         return None
-    if getattr(spec, "num_speculative_tokens_per_batch_size", None):
+    from vllm_luce.spec_decode.plain_steps import graph_table
+
+    table = getattr(spec, "num_speculative_tokens_per_batch_size", None)
+    if table and table != graph_table(spec.num_speculative_tokens, vllm_config.scheduler_config.max_num_seqs):
         raise LuceConfigError(
             "speculative_config.num_speculative_tokens_per_batch_size: vllm-luce's DFlash gate measures and "
             "chooses the draft length per step; remove the table or set --additional-config "
@@ -39,6 +43,8 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
     current = sched.scheduler_cls
     if current in GATED_SCHEDULERS.values():
         return current
+    from vllm_luce.spec_decode.plain_steps import set_graph_table
+
     if current not in VLLM_DEFAULT_SCHEDULERS and current not in KVFLASH_SCHEDULERS.values():
         raise LuceConfigError(
             f"--scheduler-cls {current}: vllm-luce's DFlash gate needs its own scheduler class; drop "
@@ -46,4 +52,5 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
     from vllm_luce import hooks
 
     hooks.bind(SCHEDULER_CLS, sched, GATED_SCHEDULERS[bool(getattr(sched, "async_scheduling", False))])
+    set_graph_table(vllm_config)  # Model Runner V2 on CUDA: one-token decode graphs for plain steps
     return sched.scheduler_cls

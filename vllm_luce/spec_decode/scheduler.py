@@ -5,8 +5,8 @@ static dynamic-speculation table) and sends the answer to the model runner as
 ``SchedulerOutput.num_spec_tokens_to_schedule``. Both model runners honour it: V1 (and the CPU runner built
 on it) and Model Runner V2, synchronous or asynchronous scheduling. The gate stands in for that table, and
 this scheduler subclass, installed with vLLM's ``scheduler_cls`` setting, feeds it what each step cost and
-committed. With K = 0 the drafter still writes its context, so its KV stays complete
-(``patches/dflash_proposer.py`` on V1, vLLM's own path on V2).
+committed. With K = 0 the drafter writes only its context, so its KV stays complete
+(``patches/dflash_proposer.py`` on V1, ``plain_steps.py`` on V2), and the next step verifies nothing.
 
 The gate decides before vLLM schedules the step, for the running and the admissible waiting requests, so
 that drafts no one may use are dropped first: all of them on a plain step (so it verifies nothing), and
@@ -76,6 +76,7 @@ class DFlashGateMixin:
         self.luce_max_spec_tokens = self.num_spec_tokens
         hooks.bind("vllm.v1.core.sched.scheduler:Scheduler.dynamic_sd_lookup", self, GatedLookup(self))
         self._luce_batch = 0  # the batch size of the latest decision
+        self._luce_planned: int | None = None  # the K of the latest step the gate planned
         self._luce_scheduled_at: dict[int, tuple] = {}  # a step's output -> its start, batch, whether measured
         self._luce_last_update = 0.0
         self._luce_last_log = time.monotonic()
@@ -93,10 +94,13 @@ class DFlashGateMixin:
     def schedule(self, *args, **kwargs):
         start, gate, lookup = time.perf_counter(), self.luce_gate, self.dynamic_sd_lookup
         k = lookup.plan() if isinstance(lookup, GatedLookup) and (self.running or self.waiting) else None
-        if k == 0 or gate.holds_back:
+        stale = self._luce_planned == 0  # drafts made by a plain step are stale: V2 skips the drafter there
+        if k == 0 or stale or gate.holds_back:
             for request in self.running:
-                if request.spec_token_ids and (k == 0 or not gate.request_may_draft(request.request_id)):
+                if request.spec_token_ids and (k == 0 or stale or not gate.request_may_draft(request.request_id)):
                     hooks.bind("vllm.v1.request:Request.spec_token_ids", request, [])  # verify nothing this step
+        if k is not None:
+            self._luce_planned = k
         try:
             output = super().schedule(*args, **kwargs)
         finally:
