@@ -2,7 +2,10 @@
 the pool completes while the scheduler holds at most the pool's blocks; paging is bit-exact in vLLM's
 cache; on both model runners (the tiny Laguna: 3 sliding + 1 pooled full-attention layer)."""
 
+import json
+import os
 import random
+from pathlib import Path
 
 import pytest
 
@@ -84,6 +87,12 @@ def test_cuda_graphs_follow_graphless_steps_with_a_pool_8x_smaller(tiny_model, t
     drift, gaps = drift_and_ties(*out[POOL])
     print(f"logprob drift, graphs vs graphless: vLLM alone {control:.4f} (parted at gaps {control_gaps}), "
           f"KVFlash {drift:.4f} (parted at gaps {gaps}); tolerance {tolerance:.4f}")
+    report = {"control": control, "control_gaps": control_gaps, "drift": drift, "gaps": gaps, "tolerance": tolerance,
+              "tokens": {str(pool): [o["tokens"] for o in runs] for pool, runs in out.items()},
+              "reselections": [r["reselections"] for r in out[POOL][0]["kvflash"]]}
+    logs = Path(os.environ.get("LUCE_GPU_LOGS", tmp_path))  # in the tier's logs.tgz, even if the run is cut short
+    logs.mkdir(parents=True, exist_ok=True)
+    (logs / f"graphs_follow_{runner}_tp{TP}.json").write_text(json.dumps(report))
     assert drift <= tolerance and all(g <= 2 * tolerance for g in gaps), (drift, gaps, tolerance)
     kv_graphs = out[POOL][0]
     assert kv_graphs["tokens"] != out[None][0]["tokens"], "the pool changed nothing: the test pages nothing"

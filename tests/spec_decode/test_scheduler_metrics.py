@@ -83,7 +83,7 @@ def test_a_plain_step_drops_every_draft_and_so_does_the_next_one_and_a_speculati
 
 
 def test_drafts_of_stopped_requests_are_dropped_on_every_step_and_a_batch_with_none_that_may_draft_runs_plain():
-    gate = SpecGate(GateConfig(run_length=2, min_samples=1, patience=1, retry_after=1000))
+    gate = SpecGate(GateConfig(run_length=2, min_samples=1, patience=1, retry_after=1000, min_request_samples=1))
     spec_wins(gate, 2)
     spec_wins(gate, 3)
     sched = gated(gate, running=[req("a", [7]), req("b", [7])])
