@@ -118,7 +118,7 @@ def test_cpu_chunks_move_as_if_vllms_kernel_had_written_their_tokens_there(isa):
     ops = pytest.importorskip("vllm._custom_ops", reason="the reference is vLLM's CPU kernel")
     if not hasattr(torch.ops._C, "cpu_attn_reshape_and_cache"):
         pytest.skip("the reference is vLLM's CPU kernel, which a GPU build of vLLM does not carry")
-    from vllm_luce.kvflash.worker import probe_cpu_elements
+    from vllm_luce.kvflash.cache_layout import probe_cpu_elements
 
     block, head, heads, chunk = 64, 32, 2, 16
     elements = probe_cpu_elements(isa, block, head, torch.bfloat16)

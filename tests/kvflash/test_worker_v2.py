@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 import torch
 
 from vllm_luce.config import LuceConfig
@@ -182,3 +183,21 @@ def test_a_captured_graph_reads_the_pooled_lengths_that_later_steps_write():
     built = builder.build(0, CM(1, torch.tensor([300, 0]), 300, 300))
     assert built.seq_lens.data_ptr() == captured.seq_lens.data_ptr()
     assert captured.seq_lens.tolist() == [runtime.pagers["r"].resident_tokens(), 0]
+
+
+def test_the_warm_up_summarises_and_scores_a_chunk_as_a_reselection_does(monkeypatch):
+    """At startup (on a GPU) the policy's summary and scoring kernels run once on the null block, with queries of a
+    reselection's shape (this rank's query heads times the query window), and without the tensor-parallel reduction."""
+    from vllm_luce.kvflash import policies
+    from vllm_luce.kvflash.worker_v2 import bind_v2
+
+    runner, _ = fake_runner()
+    runtime = bind_v2(runner, LuceConfig.from_sources({"luce": {"kvflash": {"pool_tokens": POOL}}}, {}))
+    runtime.policy.reduce_max = lambda t: pytest.fail("the warm-up must not all-reduce")
+    seen = []
+    scores = policies.salient_layer_scores
+    monkeypatch.setattr(policies, "salient_layer_scores", lambda q, k: seen.append((q.shape, k.shape)) or scores(q, k))
+    store = runtime._new_store()
+    store.row = np.zeros(1, dtype=np.int64)
+    runtime.warm_up_policy(store, q_heads=4)
+    assert seen == [((1, 4 * 8, D), (1, 1, H, D))]

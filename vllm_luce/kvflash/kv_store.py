@@ -36,7 +36,7 @@ class TokenLayout:
     ``cpu``: vLLM's CPU backend; inside one (block, KV head) region its kernels place elements by ISA:
     the ``vec`` kernels store K transposed (``[head, block]``) and V by token; ``amx`` interleaves pairs.
     ``elements`` ([block, 2 * head], found by writing probe values through vLLM's own kernel,
-    ``worker.probe_cpu_elements``) gives where token ``t``'s K (then V) elements are; ``None`` means K
+    ``cache_layout.probe_cpu_elements``) gives where token ``t``'s K (then V) elements are; ``None`` means K
     then V by token, row-major. Token form ``[T, kv_heads, 2, head]``.
     """
 

@@ -29,14 +29,15 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import numpy as np
 import torch
 
 from vllm_luce import hooks, metrics
 from vllm_luce.kvflash.host_pool import PinnedChunkPool
-from vllm_luce.kvflash.kv_store import (CPU_LAYOUT, PACKED_LAYOUT, PagedPoolStore, TokenLayout, copy_stream_for,
-                                       to_device_async)
+from vllm_luce.kvflash.cache_layout import cache_layout
+from vllm_luce.kvflash.kv_store import PagedPoolStore, copy_stream_for, to_device_async
 from vllm_luce.kvflash.pager import PagerConfig, PagerStats, RequestPager
 from vllm_luce.kvflash.policies import make_policy
 from vllm_luce.kvflash.query_window import push_queries, window_rows
@@ -92,9 +93,11 @@ class KVFlashRuntime:
         store.host_pool = self.host_pool
         return store
 
-    def warm_up(self) -> None:
-        """On a GPU, at startup: page one chunk of vLLM's null block (block 0) out and back in, so that the first
-        long prompt neither compiles the paging kernels nor pins the first host slab."""
+    def warm_up(self, q_heads: int | None = None) -> None:
+        """On a GPU, at startup: page one chunk of vLLM's null block (block 0) out and back in, and summarise and
+        score it as the policy does (``q_heads``: this rank's query heads), so that the first long prompt neither
+        compiles the paging and scoring kernels (vLLM's JIT monitor caught the salient kernel compiling on the
+        first request) nor pins the first host slab."""
         if not self.caches or self.caches[0].device.type != "cuda" or self.selection == "sfi":
             return
         store = self._new_store()
@@ -103,9 +106,24 @@ class KVFlashRuntime:
             host = store.read_host(0)
             store.synchronize()
             store.write(0, host)  # the same bytes back
+            self.warm_up_policy(store, q_heads)
             torch.cuda.synchronize(self.caches[0].device)
-        except Exception as error:  # noqa: BLE001 - a slower first page-out, not a reason to stop the server
-            logger.warning("%s: KVFlash: paging warm-up failed (the first page-out compiles instead): %s", tag(), error)
+        except Exception as error:  # noqa: BLE001 - a slower first request, not a reason to stop the server
+            logger.warning("%s: KVFlash: warm-up failed (the first request compiles instead): %s", tag(), error)
+
+    def warm_up_policy(self, store, q_heads: int | None) -> None:
+        """The policy's summary of ``store``'s first chunk, scored with zero queries of a reselection's shape. A copy
+        of the policy without the tensor-parallel reduction scores: no collective where a rank may fail alone."""
+        if not getattr(self.policy, "needs_summaries", False):
+            return
+        from vllm_luce.kvflash.pager import summarize
+
+        summary = summarize(self.policy, store, 0)
+        if q_heads and getattr(self.policy, "needs_queries", False):
+            queries = torch.zeros(len(self.caches), q_heads * self.query_window, self.head_size,
+                                  device=summary.device)
+            probe = SimpleNamespace(queries=queries, summaries={0: summary}, last_used={})
+            type(self.policy)().scores(probe, [0])
 
     def host_pool(self, shape: tuple[int, ...], dtype: torch.dtype) -> PinnedChunkPool:
         """The worker's pinned pool for chunks of ``shape``, shared by its requests and kept between them."""
@@ -261,54 +279,6 @@ class KVFlashRuntime:
 # ------------------------------------------------------------------ Model Runner V1 binding
 
 
-def layout_for_backend(backend_name: str) -> TokenLayout:
-    if backend_name == "CPU_ATTN":
-        return CPU_LAYOUT
-    if backend_name in ("FLASH_ATTN", "TRITON_ATTN", "FLASHINFER"):
-        return PACKED_LAYOUT
-    raise NotImplementedError(f"KVFlash: attention backend {backend_name} is not supported "
-                              "(supported: CPU_ATTN, FLASH_ATTN, TRITON_ATTN, FLASHINFER)")
-
-
-def probe_cpu_elements(isa: str, block: int, head: int, dtype: torch.dtype) -> torch.Tensor:
-    """[block, 2 * head]: where vLLM's CPU kernel for ``isa`` puts token t's K (then V) elements inside
-    one (block, KV head) region, found by writing probe values through the kernel itself. Each probe
-    writes a digit below 128 (exact in bf16): K-or-V, t % 128, t // 128, d % 128, d // 128."""
-    from vllm import _custom_ops as ops
-
-    t = torch.arange(block)[:, None, None].expand(block, 1, head)
-    d = torch.arange(head)[None, None, :].expand(block, 1, head)
-
-    def place(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        cache = torch.full((1, 1, block, 2 * head), -1.0, dtype=dtype)
-        key_cache, value_cache = cache.view(1, 1, 2 * block, head).chunk(2, dim=2)
-        ops.cpu_attn_reshape_and_cache(k.to(dtype).contiguous(), v.to(dtype).contiguous(), key_cache, value_cache,
-                                       torch.arange(block, dtype=torch.int64), isa)
-        return cache.flatten().long()
-
-    is_v = place(torch.zeros_like(t), torch.ones_like(t))
-    token = place(t % 128, t % 128) + 128 * place(t // 128, t // 128)
-    dim = place(d % 128, d % 128) + 128 * place(d // 128, d // 128)
-    if bool((is_v < 0).any()) or bool((token < 0).any()):
-        raise RuntimeError(f"KVFlash: vLLM's CPU kernel ({isa}) left KV cache elements unwritten; cannot map its layout")
-    elements = torch.full((block, 2 * head), -1, dtype=torch.int64)
-    elements[token, is_v * head + dim] = torch.arange(token.numel())
-    if bool((elements < 0).any()):
-        raise RuntimeError(f"KVFlash: vLLM's CPU kernel ({isa}) KV layout is not a permutation of tokens x head dims")
-    return elements
-
-
-def cache_layout(backend_name: str, layer, spec, block: int) -> TokenLayout:
-    """The group's token layout; on the CPU backend with the element map of the layer's kernel ISA."""
-    layout = layout_for_backend(backend_name)
-    if layout.name != "cpu":
-        return layout
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
-
-    isa = getattr(layer, "isa", None) or _get_attn_isa(spec.dtype, block, spec.head_size)
-    return layout.with_elements(probe_cpu_elements(isa, block, spec.head_size, spec.dtype))
-
-
 def kvflash_groups(kv_cache_config) -> list[int]:
     from vllm_luce.kvflash.spec import KVFlashSpec
 
@@ -350,12 +320,20 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
         _capture_queries(forward_context[name], index, runtime)
     _bind_release(runner, runtime)
     runner.luce_kvflash = runtime
-    runtime.warm_up()
+    runtime.warm_up(local_query_heads(runner.vllm_config))
     logger.info("%s: KVFlash on %d layers (group %d, block %d): %s %d tokens in chunks of %d, policy %s, "
                 "host budget %.1f GiB", tag(), len(group.layer_names), gid, block_table.block_size,
                 "SFI, decode attends to" if runtime.selection == "sfi" else "pool", cfg.pool_tokens,
                 cfg.chunk_tokens, luce.kvflash.policy, runtime.host_budget / 2**30)
     return runtime
+
+
+def local_query_heads(vllm_config) -> int | None:
+    """This rank's query heads (for the warm-up's scoring shapes); None where the config cannot say."""
+    try:
+        return vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config)
+    except Exception:  # noqa: BLE001 - a config without heads (unit tests): the warm-up skips scoring
+        return None
 
 
 def runtime_options(vllm_config, luce) -> dict:

@@ -18,9 +18,10 @@ import numpy as np
 import torch
 
 from vllm_luce import hooks
+from vllm_luce.kvflash.cache_layout import cache_layout
 from vllm_luce.kvflash.settings import pager_config_from
-from vllm_luce.kvflash.worker import (KVFlashRuntime, _capture_queries, _PooledBuilder, _tp_reduce_max, cache_layout,
-                                      first_positions, pooled_group, runtime_options)
+from vllm_luce.kvflash.worker import (KVFlashRuntime, _capture_queries, _PooledBuilder, _tp_reduce_max,
+                                      first_positions, local_query_heads, pooled_group, runtime_options)
 from vllm_luce.log import logger, tag
 
 
@@ -84,7 +85,7 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
     for index, name in enumerate(group.layer_names):
         _capture_queries(forward_context[name], index, runtime)
     runner.luce_kvflash = runtime
-    runtime.warm_up()
+    runtime.warm_up(local_query_heads(runner.vllm_config))
     logger.info("%s: KVFlash (Model Runner V2) on %d layers, pool %d tokens", tag(), len(group.layer_names),
                 runtime.config.pool_tokens)
     return runtime
