@@ -70,7 +70,7 @@ def render_compatibility() -> str:
     from vllm_luce.compat import RUN_HERE, SNAPSHOT_RELEASES, SUPPORTED_SERIES, supported_range
 
     parts = ["", f"vllm-luce {__version__} supports vLLM {', '.join(s + '.x' for s in SUPPORTED_SERIES)}; "
-             f"`pip install 'vllm-luce[vllm]'` installs `vllm{supported_range()}`.", "",
+             f"the `vllm` extra (`pip install '.[vllm]'` in a checkout) installs `vllm{supported_range()}`.", "",
              "| vLLM series | signature snapshot | patches (own signature / left alone) | run here |",
              "| --- | --- | --- | --- |"]
     for series, release in zip(SUPPORTED_SERIES, SNAPSHOT_RELEASES):

@@ -74,7 +74,7 @@ def check_vllm_version(version: str, environ: os._Environ | dict | None = None) 
         return None
     message = (
         f"vllm-luce supports vLLM {', '.join(s + '.x' for s in SUPPORTED_SERIES)}, but vLLM {version} is installed. "
-        f"Install a supported vLLM (pip install 'vllm-luce[vllm]') or set {SKIP_ENV}=1 "
+        f"Install a supported vLLM (the vllm extra: pip install '.[vllm]' in a vllm-luce checkout) or set {SKIP_ENV}=1 "
         "to run anyway at your own risk."
     )
     if environ.get(SKIP_ENV, "") in ("1", "true", "yes"):
