@@ -5,6 +5,7 @@ requests the KV cache admits.
 
     python -m benchmarks.kvflash_gpu --json kvflash_gpu.json          # H200: 7-9 minutes, 3 engines (--budget 560 s)
     python -m benchmarks.kvflash_gpu --tiny --json /tmp/kvflash.json  # CPU smoke run: tiny shapes, about 1 minute
+    python -m benchmarks.kvflash_gpu --modes vllm kvflash --contexts 1024 8192 --profile 32   # where a step's time goes
 
 Model: Qwen3.6 as vLLM 0.26 serves it (``Qwen3_5ForConditionalGeneration``) with every layer full attention at
 Qwen3-8B's shape (36 layers, hidden 4096, 32/8 heads of 128, MLP 12288, vocabulary 151,936), config-only with
@@ -141,6 +142,31 @@ def kvflash_report(worker) -> dict:
             "resident_tokens": [p.resident_tokens() for p in runtime.pagers.values()], **runtime.stats()}
 
 
+def profiler_start(worker) -> bool:
+    """``--profile``: torch's profiler on this worker until ``profiler_stop``."""
+    import torch
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    worker.bench_profiler = torch.profiler.profile(activities=activities)
+    worker.bench_profiler.__enter__()
+    return True
+
+
+def profiler_stop(worker, top: int) -> dict:
+    """The ``top`` operations by self device time and by self host time (ms, calls) since ``profiler_start``."""
+    profiler = worker.bench_profiler
+    profiler.__exit__(None, None, None)
+    events = profiler.key_averages()
+
+    def ranked(key):
+        return [[e.key, round(getattr(e, key) / 1e3, 3), e.count]
+                for e in sorted(events, key=lambda e: getattr(e, key), reverse=True)[:top]]
+
+    return {"device_ms": ranked("self_device_time_total"), "host_ms": ranked("self_cpu_time_total")}
+
+
 def amortize(row: dict, steps: int) -> None:
     """KVFlash reselects every ``tau = max(16, context / 45)`` decoded tokens (``pager.py``): every ~2,900 at 128K,
     so a window of 128 steps at long contexts holds none. ``amortized_step_ms`` adds each request's reselection
@@ -177,6 +203,15 @@ async def measure(engine, spec: dict, note) -> dict:
         contexts.append({"context": n, **row, "kvflash_before": before})
         note(contexts=contexts)
         print(f"[{spec['mode']}] context {n}: {row['step_ms']} ms a step", flush=True)
+    profile = None
+    if m.get("profile"):  # a separate window (the profiler slows steps): where a decode step's time goes
+        n = m["contexts"][min(1, len(m["contexts"]) - 1)]
+        await engine.collective_rpc(profiler_start)
+        row = await decode_window(engine, [G.random_prompt(n, n + 1)], m["profile"], f"profile{n}", max_len)
+        profile = {"context": n, "steps": m["profile"], "step_ms_profiled": row["step_ms"],
+                   **(await engine.collective_rpc(profiler_stop, args=(30,)))[0]}
+        note(profile=profile)
+        print(f"[{spec['mode']}] profiled {m['profile']} steps at {n}", flush=True)
     admitted = int(min(m["batch"], kv["max_concurrency"][str(batch_len)]))
     batch = {"requests": 0, "skipped": "the KV cache admits no request of this length"}
     if admitted:
@@ -191,7 +226,8 @@ async def measure(engine, spec: dict, note) -> dict:
         if running and usage is not None:
             row["gpu_kv_bytes_per_request"] = int(usage * kv["kv_cache_bytes"] / running)
         amortize(row, steps)
-    return {"kv_cache": kv, "batch_length": batch_len, "contexts": contexts, "batch": batch}
+    return {"kv_cache": kv, "batch_length": batch_len, "contexts": contexts, "batch": batch,
+            **({"profile": profile} if profile else {})}
 
 
 def summarize(results: dict, contexts: list[int]) -> dict:
@@ -278,6 +314,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=560, help="seconds for all engines (a device call has 600)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/luce-bench/kvflash"), help="engine logs and specs")
     ap.add_argument("--models", type=Path, default=Path("/tmp/luce-bench/models"), help="config-only checkpoints")
+    ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                    help="also profile STEPS decode steps at the second context (torch profiler; top ops in the JSON)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     tiny = args.tiny
@@ -297,7 +335,7 @@ def main(argv=None) -> int:
            "reference_vllm_h200": {"step_ms_1k": 5.25, "step_ms_128k": 9.96, "batch_8x64k_step_ms": 24.1,
                                    "kv_cache_tokens_at_0.85": 740_000}, "results": {}}
     measured = {"contexts": contexts, "batch": batch, "batch_context": batch_context, "decode_steps": steps,
-                "slack_tokens": slack}
+                "slack_tokens": slack, "profile": args.profile}
     kv_bytes = int(args.kv_gib * 2**30) if args.kv_gib else None
     specs = {mode: {"mode": mode, "measure": measured, "engine": G.engine_args(
         model, max_len, cuda, kv_bytes=kv_bytes, gpu_share=args.gpu_share, enable_prefix_caching=False,
