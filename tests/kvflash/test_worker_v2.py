@@ -201,3 +201,24 @@ def test_the_warm_up_summarises_and_scores_a_chunk_as_a_reselection_does(monkeyp
     store.row = np.zeros(1, dtype=np.int64)
     runtime.warm_up_policy(store, q_heads=4)
     assert seen == [((1, 4 * 8, D), (1, 1, H, D))]
+
+
+def test_query_capture_clamps_the_rows_once_a_forward_and_keeps_every_layer_in_bounds(monkeypatch):
+    """Each pooled layer gathers its last-token queries by the step's rows; the rows are clamped to the forward's
+    tokens once (in the first layer), not once a layer: inside a decode graph each clamp was a kernel of its own."""
+    from vllm_luce.kvflash.worker_v2 import bind_v2
+
+    runner, _ = fake_runner()
+    runtime = bind_v2(runner, LuceConfig.from_sources({"luce": {"kvflash": {"pool_tokens": POOL}}}, {}))
+    clamps, clamp = [], torch.clamp
+    monkeypatch.setattr(torch, "clamp", lambda *a, **k: clamps.append(1) or clamp(*a, **k))
+    query = torch.randn(3, 4, D)
+    for layer in (2, 0, 1):  # the first forward fixes the order
+        runtime.observe_queries(layer, query)
+    runtime.step_last_rows = np.array([7])  # a row past this forward's 3 tokens (a dummy run's smaller batch)
+    runtime._load_rows()
+    clamps.clear()
+    for layer in (2, 0, 1):
+        runtime.observe_queries(layer, query)
+    assert len(clamps) == 1
+    assert all(torch.equal(runtime._queries[layer][0], query[2]) for layer in (0, 1, 2))

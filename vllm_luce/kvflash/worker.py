@@ -62,6 +62,8 @@ class KVFlashRuntime:
         self.step_last_rows: np.ndarray = np.zeros(0, dtype=np.int64)  # last token of each scheduled row
         self.max_num_reqs = max_num_reqs
         self._rows: torch.Tensor | None = None  # device [max_num_reqs]: this step's last-token rows (0 beyond)
+        self._safe_rows: torch.Tensor | None = None  # the same, within the forward's token count
+        self._first_layer: int | None = None
         self._queries: dict[int, torch.Tensor] = {}  # pooled layer -> device [max_num_reqs, q_heads, head]
         self.query_window = query_window  # tokens whose queries a reselection scores with (query_window.py)
         self._window: tuple | None = None  # this step's (device rows, (first, count) per request), if any
@@ -176,13 +178,17 @@ class KVFlashRuntime:
             return
         if self._rows is None:
             self._rows = torch.zeros(self.max_num_reqs, dtype=torch.int64, device=query.device)
+            self._safe_rows = torch.zeros_like(self._rows)
+            self._first_layer = layer  # a forward runs the pooled layers in one order: this one comes first
             self._load_rows()
         buf = self._queries.get(layer)
         if buf is None or buf.shape[1:] != query.shape[1:] or buf.dtype != query.dtype:
             buf = self._queries[layer] = torch.zeros((self.max_num_reqs, *query.shape[1:]), dtype=query.dtype,
                                                      device=query.device)
         n = min(query.shape[0], self.max_num_reqs)  # a graph of n tokens holds at most n requests
-        torch.index_select(query, 0, self._rows[:n].clamp(max=query.shape[0] - 1), out=buf[:n])
+        if layer == self._first_layer:  # once a forward, not once a layer: the clamp is a kernel of its own
+            torch.clamp(self._rows[:n], max=query.shape[0] - 1, out=self._safe_rows[:n])
+        torch.index_select(query, 0, self._safe_rows[:n], out=buf[:n])
         if self._window is not None and not (query.is_cuda and torch.cuda.is_current_stream_capturing()):
             # steps with several tokens of a request run attention outside CUDA graphs; a replay skips this
             self._window_queries[layer] = query.index_select(0, self._window[0].clamp(max=query.shape[0] - 1))
