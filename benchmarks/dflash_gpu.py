@@ -4,7 +4,6 @@ DFlash, with drafters right with probability 0, 0.5 and 0.9 per position, and an
 
     python -m benchmarks.dflash_gpu --json dflash_gpu.json                     # all engines, one GPU after another
     python -m benchmarks.dflash_gpu --gpus 4 --levels 0.9 --json a.json        # engines side by side, one per GPU
-    python -m benchmarks.dflash_gpu --same-card --levels 0.0 0.9 --json b.json # each level on one card, own baseline
     python -m benchmarks.dflash_gpu --tiny --concurrency 1 4 --json t.json     # CPU smoke run (tiny shapes)
 
 Models (``fixtures/scaled.py``): a Qwen3-8B-shaped target whose greedy next token is token + 1, and a drafter
@@ -19,8 +18,7 @@ At each concurrency c (c requests submitted together, prompts of ``--prompt-toke
 token ranges, ``--max-tokens`` out, greedy, ``ignore_eos``) an engine runs one warm-up pass (the gate calibrates
 there), then ``--repeats`` measured passes; a cell is the median of its passes' output tokens / wall seconds,
 prefill included (1K-token prompts: a small share of 256 decode steps). Engines on different GPUs of one host are
-compared through the A/A control, which runs on its own GPU; cards differ by a few percent, so ``--same-card`` runs
-each level's engines, its own none and control included, one after another on one card and compares them there. Goals (issue 40): gated >= 0.97x the better of none
+compared through the A/A control, which runs on its own GPU. Goals (issue 40): gated >= 0.97x the better of none
 and fixed in every cell; gated >= 3x none at concurrency 1 with p = 0.9.
 """
 
@@ -115,9 +113,9 @@ def engine_specs(args, root: Path) -> list[dict]:
         base.pop("gpu_memory_utilization")
     specs = []
     for mode in args.modes:
-        for level in ([None] if mode in ("none", "control") and not args.same_card else args.levels):
+        for level in ([None] if mode in ("none", "control") else args.levels):
             llm = dict(base)
-            if level is not None and mode not in ("none", "control"):
+            if level is not None:
                 drafter = S.build_drafter(root / f"{shape}-drafter-{level}", target, accept=level)
                 speculative = {"model": str(drafter), "method": "dflash", "num_speculative_tokens": args.k}
                 if mode == "dynamic":
@@ -172,25 +170,6 @@ def run_all(specs: list[dict], workdir: Path, gpus: int, timeout: float) -> dict
         return {r["name"]: r for r in pool.map(one, specs)}
 
 
-def run_per_card(specs: list[dict], workdir: Path, gpus: int, timeout: float) -> dict:
-    """``--same-card``: each level's engines one after another on a card of their own (level i on card i % gpus),
-    so a level's ratios compare engines on the same card; cards differ by a few percent (the A/A control across
-    cards read up to 1.058 on 4x H200)."""
-    levels = sorted({s["level"] for s in specs})
-    groups = [[s for s in specs if s["level"] == level] for level in levels]
-
-    def card(i):
-        gpu = i % gpus if gpus > 0 else None
-        found = {}
-        for spec in groups[i]:
-            print(f"[{time.strftime('%H:%M:%S')}] {spec['name']} on GPU {gpu}", flush=True)
-            found[spec["name"]] = run_child(spec, workdir, gpu, timeout)
-        return found
-
-    with ThreadPoolExecutor(max_workers=max(1, min(gpus, len(groups)))) as pool:
-        return {name: r for found in pool.map(card, range(len(groups))) for name, r in found.items()}
-
-
 def table(results: dict, levels: list[float], concurrency: list[int]) -> tuple[list[dict], list[str]]:
     """One row per (level, concurrency): tokens/s of none and ratios of the others to it; the goals' verdicts."""
     rows, misses = [], []
@@ -204,12 +183,11 @@ def table(results: dict, levels: list[float], concurrency: list[int]) -> tuple[l
         return round(x["num_accepted_tokens"] / x["num_drafts"], 2) if x.get("num_drafts") else None
 
     for level in levels:
-        same_card = f"none@{level}" in results  # --same-card: the level's own baseline and control
         for c in concurrency:
-            none = rate(f"none@{level}" if same_card else "none", c)
+            none = rate("none", c)
             row = {"level": level, "concurrency": c, "none_tok_s": none and round(none, 1)}
             for mode in ("control", "fixed", "dynamic", "gated"):
-                r = rate(f"{mode}@{level}" if mode != "control" or same_card else mode, c)
+                r = rate(mode if mode == "control" else f"{mode}@{level}", c)
                 row[f"{mode}/none"] = round(r / none, 3) if r and none else None
             row["accepted_per_draft(fixed)"] = accepted(f"fixed@{level}", c)
             best = max(x for x in (1.0, row["fixed/none"]) if x is not None)
@@ -241,8 +219,6 @@ def main(argv=None) -> int:
                     help='the dynamic mode\'s table as JSON, e.g. "[[1, 1024, 0]]": K = 0 at every batch size measures '
                          'what a plain step costs inside a speculative engine')
     ap.add_argument("--gpus", type=int, default=None, help="engines side by side, one per GPU (default: all GPUs)")
-    ap.add_argument("--same-card", action="store_true",
-                    help="each level's engines (its own none and control too) one after another on one card")
     ap.add_argument("--gpu-share", type=float, default=0.85)
     ap.add_argument("--timeout", type=float, default=540.0, help="seconds per engine")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on whatever device (CPU smoke run)")
@@ -257,8 +233,7 @@ def main(argv=None) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     out = {**header(["benchmarks.dflash_gpu", *argv]), "dynamic_table": args.dynamic_table, "args": {
         k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
-    run = run_per_card if args.same_card else run_all
-    results = run(engine_specs(args, args.workdir / "models"), args.workdir, gpus, args.timeout)
+    results = run_all(engine_specs(args, args.workdir / "models"), args.workdir, gpus, args.timeout)
     out["engines"] = results
     out["rows"], out["goals_missed"] = table(results, args.levels, args.concurrency)
     for row in out["rows"]:
