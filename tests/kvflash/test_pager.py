@@ -163,6 +163,19 @@ def test_reselection_interval_grows_with_history():
     assert p.reselect_due()
 
 
+def test_a_reselection_first_lets_the_step_before_finish_on_the_device():
+    """Its scores' copy to the host waits for the device anyway; ``settle`` keeps that wait (a whole prefill chunk
+    under asynchronous scheduling) out of the reselection's measured time, and runs only where one reselects."""
+    p = pager(tau_min=16)
+    settled = []
+    p.store.settle = lambda: settled.append(p.stats.reselections)
+    for _ in range(12):
+        grow(p, CHUNK, LRU())
+    assert settled == []
+    grow(p, 1, LRU(), decoded=1)  # the first decoded token reselects
+    assert settled == [0] and p.stats.reselections == 1
+
+
 def test_scorer_hook_and_release():
     p = pager()
     scorer = Scorer(lambda pager_, chunks: torch.tensor([-float(c) for c in chunks]))  # prefer early chunks

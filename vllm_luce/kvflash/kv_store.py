@@ -162,6 +162,12 @@ class PagedPoolStore:
         data.record_stream(self.copy_stream)  # the staging tensor outlives the copy
         return host
 
+    def settle(self) -> None:
+        """Wait for the work already queued on the device (the step before this one, under asynchronous
+        scheduling), so that a reselection's time is its own: its scores' copy to the host would wait anyway."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
     def synchronize(self) -> None:
         """Wait for host copies in flight (before reading paged-out bytes on the host)."""
         if self.copy_stream is not None:

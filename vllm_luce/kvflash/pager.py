@@ -235,6 +235,9 @@ class RequestPager:
         # has just been read, and chunks evicted during a long prefill may be what it asks for.
         first_decode = decoded > 0 and not self.stats.reselections
         if prompt_end or (decoded and (first_decode or self.reselect_due())):
+            settle = getattr(self.store, "settle", None)
+            if settle is not None:  # the step before, still on the device, is not the reselection's time
+                settle()
             t0 = time.perf_counter()
             loads = self._reselect(policy)
             self._relayout(dict(loads))
