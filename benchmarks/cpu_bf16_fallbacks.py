@@ -1,6 +1,6 @@
-"""vLLM's bf16 CPU paths against vllm-luce's float32 replacements on a CPU without bf16 dot products
-(patches cpu_bf16_linear, cpu_gdn_prefill_conv, cpu_gdn_chunk, cpu_dflash_context_kv), the two of each pair
-timed one after the other in the same run.
+"""vLLM's bf16 CPU paths against the float32 replacements of the test environment's plugin (testenv/luce_cpu_speedups:
+bf16_linear, gdn_prefill_conv, gdn_chunk, dflash_context_kv; not part of vllm-luce) on a CPU without bf16 dot
+products, the two of each pair timed one after the other in the same run.
 
     python -m benchmarks.cpu_bf16_fallbacks [--repeats 5]
 
@@ -8,8 +8,8 @@ Shapes are the trained Qwen3.6 test model's (hidden 256, MLP 512, vocabulary 409
 width 4 over 768 channels; its DFlash drafter's 2 layers of 2 K/V heads of 64) and one 4096-wide layer.
 Prints median ms and vLLM / ours (above 1: ours is faster).
 Then end to end: 16 prompts of about 220 tokens and 40 greedy tokens through an in-process ``LLM`` on the
-trained target, in two child processes one after the other: vllm-luce without these three patches (on such a
-CPU the conv patch does nothing else), then with them.
+trained target, in two child processes one after the other: vllm-luce alone (``VLLM_PLUGINS=luce``), then with
+the test environment's plugin too.
 """
 
 from __future__ import annotations
@@ -39,13 +39,13 @@ def pairs(repeats: int) -> list[tuple[str, float, float]]:
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers.mamba.ops.cpu.causal_conv1d import causal_conv1d_fn_cpu
 
-    from vllm_luce.patches import cpu_bf16_linear, cpu_gdn_chunk
+    from luce_cpu_speedups import bf16_linear, gdn_chunk
 
     g = torch.Generator().manual_seed(0)
     rows = []
     for m, k, n in ((1, 256, 512), (16, 256, 512), (16, 256, 4096), (320, 256, 1024), (16, 4096, 4096)):
         x, w = torch.randn(m, k, generator=g).bfloat16(), torch.randn(n, k, generator=g).bfloat16()
-        ours = cpu_bf16_linear.float32_linear(w, None)
+        ours = bf16_linear.float32_linear(w, None)
         rows.append((f"linear {m} x {k} x {n}", median_ms(lambda: torch.nn.functional.linear(x, w), repeats),
                      median_ms(lambda: ours(x, w, None), repeats)))
 
@@ -69,7 +69,7 @@ def pairs(repeats: int) -> list[tuple[str, float, float]]:
     args = (q, kk, v, decay, beta, state, True, qsl, False, True, slots)
     original = getattr(ops.chunk_gated_delta_rule_cpu, "__wrapped__", ops.chunk_gated_delta_rule_cpu)
     rows.append(("chunked GDN prefill, 16 x 220 tokens", median_ms(lambda: original(*args), repeats),
-                 median_ms(lambda: cpu_gdn_chunk.chunk_gated_delta_rule(*args), repeats)))
+                 median_ms(lambda: gdn_chunk.chunk_gated_delta_rule(*args), repeats)))
     rows.append(("DFlash context K/V, 320 tokens, 2 layers", *context_kv(repeats, g)))
     return rows
 
@@ -79,7 +79,7 @@ def context_kv(repeats: int, g: torch.Generator, tokens: int = 320, layers: int 
     """vLLM's ``_project_context_kv`` over its fused bf16 weight, then over the patch's per-layer float32 copies."""
     from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
 
-    from vllm_luce.patches.cpu_dflash_context_kv import float32_projections
+    from luce_cpu_speedups.dflash_context_kv import float32_projections
 
     weight = torch.randn(layers * 2 * kv_heads * head_dim, hidden, generator=g).bfloat16()
     common = {"_hidden_norm_weight": torch.ones(hidden).bfloat16(), "_rms_norm_eps": 1e-6, "_fused_kv_bias": None}
@@ -97,9 +97,6 @@ def context_kv(repeats: int, g: torch.Generator, tokens: int = 320, layers: int 
 END_TO_END = """
 import os, sys, time
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-if sys.argv[1] == "vllm":  # keep vllm-luce's other patches, drop the three float32 ones
-    from vllm_luce.patches import cpu_bf16_linear, cpu_gdn_chunk, cpu_gdn_prefill_conv
-    cpu_bf16_linear.apply = cpu_gdn_chunk.apply = cpu_gdn_prefill_conv.apply = lambda: False
 from vllm import LLM, SamplingParams
 from fixtures.trained import trained_model
 llm = LLM(str(trained_model("qwen36-target")), tokenizer=str(trained_model("tokenizer")), dtype="bfloat16",
@@ -114,8 +111,11 @@ print("SECONDS", time.perf_counter() - start)
 
 def end_to_end(which: str) -> float:
     path = os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))
-    run = subprocess.run([sys.executable, "-c", END_TO_END, which], capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": path})
+    env = {**os.environ, "PYTHONPATH": path}
+    env.pop("VLLM_PLUGINS", None)
+    if which == "vllm":  # vllm-luce alone, without the test environment's speed-ups
+        env["VLLM_PLUGINS"] = "luce"
+    run = subprocess.run([sys.executable, "-c", END_TO_END], capture_output=True, text=True, env=env)
     if run.returncode:
         raise RuntimeError(f"the {which} engine failed:\n{run.stderr[-3000:]}")
     return float(next(line for line in run.stdout.splitlines() if line.startswith("SECONDS")).split()[1])
@@ -125,9 +125,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    from vllm_luce.patches.cpu_bf16_linear import native_bf16_cpu
+    from luce_cpu_speedups.isa import native_bf16
 
-    print(f"CPU with bf16 dot products: {native_bf16_cpu()} (the patches apply only where this is False)")
+    print(f"CPU with native bf16: {native_bf16()} (the float32 patches apply only where this is False)")
     print(f"{'op':40} {'vLLM ms':>10} {'ours ms':>10} {'vLLM/ours':>10}")
     for name, theirs, ours in pairs(args.repeats):
         print(f"{name:40} {theirs:10.3f} {ours:10.3f} {theirs / ours:10.2f}")

@@ -177,7 +177,8 @@ def ledger_section() -> str:
 
 
 def render_ledger() -> str:
-    """The ledger section of docs/architecture.md: each patch's target, module, why, how, removal."""
+    """The ledger section of docs/architecture.md: each patch's target, module, why, how, removal, and the drafted
+    upstream issue where it has one."""
     from vllm_luce.compat import SUPPORTED_SERIES
 
     parts = [LEDGER_BEGIN]
@@ -187,6 +188,10 @@ def render_ledger() -> str:
                   for s in SUPPORTED_SERIES]
         parts += ["", f"### `{entry.target}`", f"- **Module:** `{entry.module}`", f"- **vLLM:** {', '.join(series)}",
                   f"- **Why:** {entry.why}", f"- **How:** {entry.how}", f"- **Remove when:** {entry.remove_when}"]
+        issue = entry.upstream_issue
+        if issue is not None:
+            parts += [f"- **Upstream issue (draft):** {issue.title}", f"  - Symptom: {issue.symptom}",
+                      f"  - Cause: {issue.cause}", f"  - Proposed fix: {issue.fix}"]
     return "\n".join(parts) + "\n\n"
 
 

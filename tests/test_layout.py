@@ -6,7 +6,9 @@
   ``tests/benchmarks/test_<module>.py``, imports ``benchmarks.<module>`` (the module under test) and nothing else of
   ``benchmarks``. Every other test reaches a benchmark only by running it as users do, in a subprocess
   (``python -m benchmarks.<module> --tiny ...``).
-* ``vllm_luce`` (what pip installs) imports none of the three, and packaging ships only ``vllm_luce``.
+* ``vllm_luce`` (what pip installs) imports none of the three, nor the test environment's plugin
+  ``testenv/luce_cpu_speedups`` (CPU speed-ups for the test hosts), and packaging ships only ``vllm_luce``.
+* That plugin imports none of ``tests``, ``benchmarks`` and ``fixtures`` either.
 """
 
 import ast
@@ -62,9 +64,14 @@ def test_fixtures_import_neither_tests_nor_benchmarks():
 
 
 def test_the_plugin_imports_none_of_them_and_ships_alone():
-    assert offenders("vllm_luce", {"tests", "benchmarks", "fixtures"}) == []
+    assert offenders("vllm_luce", {"tests", "benchmarks", "fixtures", "luce_cpu_speedups"}) == []
     find = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
     assert all(pattern.startswith("vllm_luce") for pattern in find["include"]), find
+
+
+def test_the_test_environments_plugin_imports_none_of_them():
+    assert offenders("testenv", {"tests", "benchmarks", "fixtures"}) == []
+    assert list((ROOT / "testenv").rglob("luce_cpu_speedups/__init__.py")), "testenv/luce_cpu_speedups is missing"
 
 
 def test_the_rule_catches_what_it_forbids(tmp_path):

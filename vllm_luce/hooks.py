@@ -18,6 +18,10 @@ Nothing binds to vLLM outside this table:
 
 docs/architecture.md's hook table and patch ledger are rendered from here
 (``python -m tests.test_docs --write-ledger``).
+
+vllm-luce changes vLLM only where a feature or a vLLM bug needs it. The speed-ups of vLLM's CPU backend that only
+serve this project's test hosts are not vllm-luce's: they are the test environment's plugin
+``testenv/luce_cpu_speedups`` (its own table, ``luce_cpu_speedups.PATCHES``), which scripts/setup.sh installs.
 """
 
 from __future__ import annotations
@@ -103,24 +107,18 @@ PATCHES: dict[str, tuple[str, str, str]] = {
     f"{ENGINE_ARGS}.create_speculative_config": ("DFlash", STARTUP,
                                                  "drafter resolution, defaults and drafter/target checks"),
     "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:_spec_forward": (
-        "DFlash", ON_IMPORT, "CPU: variable draft counts on hybrid (GDN) targets"),
+        "DFlash", ON_IMPORT, "CPU (vLLM bug): variable draft counts on hybrid (GDN) targets"),
     "vllm._custom_ops:fused_sigmoid_gating_delta_rule_update_cpu": (
         "DFlash", ON_IMPORT, "CPU (vLLM bug): unit-stride inputs for the GDN decode of a step without spec rows"),
-    "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:causal_conv1d_torch": (
-        "CPU", ON_IMPORT, "CPU: a speculating engine prefills the GDN conv with vLLM's C++ op"),
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids": (
         "DFlash", ON_IMPORT, "V1: cut each request's drafts to its verify width"),
     "vllm.v1.spec_decode.dflash:DFlashProposer.propose": (
         "DFlash", ON_IMPORT, "V1: on the gate's plain steps run only the drafter's context pass"),
-    "vllm._custom_ops:rms_norm": ("DFlash", ON_IMPORT, "CPU: DFlash drafters' grouped (per-layer) norm weights"),
-    "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm": (
-        "CPU", ON_IMPORT, "CPU without bf16 dot products: float32 linears"),
-    "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model._build_context_kv_buffers": (
-        "DFlash", ON_IMPORT, "CPU without bf16 dot products: the drafter's context projection in float32"),
-    "vllm._custom_ops:chunk_gated_delta_rule_cpu": (
-        "CPU", ON_IMPORT, "CPU without bf16 dot products: GDN chunked prefill in float32"),
+    "vllm._custom_ops:rms_norm": (
+        "DFlash", ON_IMPORT, "CPU (vLLM bug): DFlash drafters' grouped (per-layer) norm weights"),
     "vllm.utils.cpu_triton_utils:_expand_kernel_impl": (
-        "DFlash", ON_IMPORT, "CPU: per-request sampling values in the rejection sampler (vLLM's were unwritten)"),
+        "DFlash", ON_IMPORT,
+        "CPU (vLLM bug): per-request sampling values in the rejection sampler (vLLM's were unwritten)"),
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache": (
         "KVFlash; PFlash", ON_IMPORT, "V1: run the worker-side feature installs once the KV cache exists"),
     "vllm.v1.worker.gpu.model_runner:GPUModelRunner.initialize_kv_cache": (
@@ -214,10 +212,6 @@ HOOKS: tuple[Hook, ...] = (
          "DFlash", "V2: no drafter forward on a plain step (graph replay; the drafter's graph manager only)"),
     _row(REBINDING, "argparse:Action.type (vLLM's --additional-config)", f"{P}.engine_args:_make_add_cli_args",
          "config", "--additional-config parsed strictly as a JSON object"),
-    _row(REBINDING, "vllm.model_executor.layers.linear:LinearBase.cpu_linear", f"{P}.cpu_bf16_linear:_make_wrapper",
-         "CPU", "a float32 linear on CPUs without bf16 dot products (set where vLLM's dispatch sets it)"),
-    _row(REBINDING, "vllm.model_executor.layers.linear:LinearBase.weight", f"{P}.cpu_bf16_linear:_make_wrapper",
-         "CPU", "the bf16 weight released once copied, as vLLM's prepacked paths release it"),
     # patches: one row per ledger entry, in the ledger's order (PATCHES below)
 ) + tuple(_patch(e.target, *PATCHES[e.target]) for e in LEDGER) + (
     # feature installs (run in table order)

@@ -1,4 +1,5 @@
-"""The CPU patches' instruction-set branches, tested on every host kind whatever this host is.
+"""The CPU patches' instruction-set branches, tested on every host kind whatever this host is (vllm-luce's here;
+the test environment's speed-ups in tests/cpu_speedups/ force hosts with ``force_host`` too).
 
 ``force_host`` makes vLLM's detection (``torch.cpu``'s AVX512-BF16 and AMX tests, the platform's architecture and
 capabilities behind ``is_arm_bf16``) and the product's ``cpp_conv_supported`` report a host kind. Where that kind
@@ -11,7 +12,6 @@ paths and the product's agree on where each row's history is)."""
 from __future__ import annotations
 
 import functools
-import importlib
 from types import SimpleNamespace
 
 import pytest
@@ -22,7 +22,6 @@ G = pytest.importorskip("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 
 from vllm.platforms import CpuArchEnum, current_platform  # noqa: E402
 
-from vllm_luce.patches import cpu_bf16_linear, cpu_dflash_context_kv, cpu_gdn_chunk  # noqa: E402
 from vllm_luce.patches import cpu_gdn_spec as S  # noqa: E402
 
 # (AVX512-BF16, AMX, Arm bf16) of each host kind; every AMX CPU also has AVX512-BF16.
@@ -170,45 +169,12 @@ class GdnLayer(torch.nn.Module):
 def test_detection_follows_the_host_kind(monkeypatch, kind):
     force_host(monkeypatch, kind)
     assert S.cpp_conv_supported() is (kind in BF16_DOT) and G.is_arm_bf16() is (kind == "arm_bf16")
-    assert cpu_bf16_linear.native_bf16_cpu() is (kind in BF16_DOT)
+    assert torch.cpu._is_amx_tile_supported() is (kind == "amx")
     g = torch.Generator().manual_seed(0)
     weight = torch.randn(64, 4, generator=g).bfloat16()
     conv1d = loaded_conv1d(weight, None)
     assert hasattr(conv1d, "_cpu_unpacked_conv_weight") is (kind in BF16_DOT)
     assert torch.equal(G._unpacked_conv_weight(SimpleNamespace(conv1d=conv1d)), weight)
-
-
-def test_amx_alone_counts_as_native_bf16(monkeypatch):
-    """``native_bf16_cpu``'s other branch: AMX without bf16 dot products (no such CPU is sold)."""
-    force_host(monkeypatch, "avx2")
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
-    assert not S.cpp_conv_supported() and cpu_bf16_linear.native_bf16_cpu()
-
-
-def _target(where: str):
-    owner, _, name = where.partition(":")
-    owner, _, cls = owner.partition("/")
-    holder = importlib.import_module(owner)
-    return (getattr(holder, cls) if cls else holder), name
-
-
-@pytest.mark.parametrize("kind", HOSTS)
-@pytest.mark.parametrize("patch,where", [
-    (cpu_bf16_linear, "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm"),
-    (cpu_gdn_chunk, "vllm._custom_ops:chunk_gated_delta_rule_cpu"),
-    (cpu_dflash_context_kv, "vllm.model_executor.models.qwen3_dflash/DFlashQwen3Model:_build_context_kv_buffers"),
-], ids=["bf16_linear", "gdn_chunk", "dflash_context_kv"])
-def test_the_float32_patches_apply_only_without_native_bf16(monkeypatch, kind, patch, where):
-    force_host(monkeypatch, kind)
-    holder, name = _target(where)
-    before = vars(holder)[name]
-    monkeypatch.setattr(holder, name, before)  # whatever apply() does is undone after the test
-    done = patch.apply()
-    after = vars(holder)[name]
-    if kind in BF16_DOT:
-        assert done is False and after is before
-    else:  # wrapped now, or by an earlier apply() in this process
-        assert getattr(after, "__luce_patched__", False) and done is (after is not before)
 
 
 @real_ops

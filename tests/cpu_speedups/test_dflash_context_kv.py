@@ -12,7 +12,7 @@ qwen3_dflash = pytest.importorskip("vllm.model_executor.models.qwen3_dflash")
 
 from vllm.model_executor.layers.linear import UnquantizedLinearMethod  # noqa: E402
 
-from vllm_luce.patches import cpu_dflash_context_kv as P  # noqa: E402
+from luce_cpu_speedups import dflash_context_kv as P  # noqa: E402
 
 M = qwen3_dflash.DFlashQwen3Model
 ORIGINAL = getattr(M._build_context_kv_buffers, "__wrapped__", M._build_context_kv_buffers)

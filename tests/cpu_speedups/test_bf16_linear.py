@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("vllm.model_executor.layers.utils")
 
-from vllm_luce.patches import cpu_bf16_linear as P  # noqa: E402
+from luce_cpu_speedups import bf16_linear as P  # noqa: E402
 
 
 class Layer(torch.nn.Module):

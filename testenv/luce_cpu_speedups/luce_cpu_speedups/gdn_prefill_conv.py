@@ -1,5 +1,5 @@
-"""Patch: the prompt (prefill) conv of vLLM's CPU Gated DeltaNet in a speculating engine runs vLLM's C++ conv
-where the CPU has it (see LEDGER).
+"""The prompt (prefill) conv of vLLM's CPU Gated DeltaNet in a speculating engine runs vLLM's C++ conv where the
+CPU has it, and in float32 where it has not (a test-environment speed-up).
 
 An engine without speculation prefills the conv with vLLM's C++ op on every CPU with bf16 dot products
 (AVX512-BF16 or Arm bf16). A speculating engine's wide conv buffer sends its prompt rows through
@@ -23,7 +23,8 @@ import functools
 
 import torch
 
-from vllm_luce.patches import ledger_signature, wrap_function
+from luce_cpu_speedups import applied, isa, signature
+from vllm_luce.patches import wrap_function
 
 TARGET = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:causal_conv1d_torch"
 PAD_SLOT_ID = -1  # vLLM's (v1.attention.backends.utils); only its loop skips such rows
@@ -32,7 +33,7 @@ PAD_SLOT_ID = -1  # vLLM's (v1.attention.backends.utils); only its loop skips su
 def _make_wrapper(original):
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as G
 
-    from vllm_luce.patches.cpu_gdn_spec import cpp_conv_supported
+    native_conv = isa.bf16_dot_products()  # vLLM's C++ conv runs here (read once, when the patch applies)
 
     @functools.wraps(original)
     def causal_conv1d_torch(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
@@ -42,8 +43,8 @@ def _make_wrapper(original):
         # the buffer).
         if (kwargs or cache_indices is None or has_initial_state is None or activation not in ("silu", None)
                 or pad_slot_id != PAD_SLOT_ID or weight.dim() != 2 or x.dtype != conv_states.dtype
-                or x.stride(0) != 1 or not cpp_conv_supported() or bool((cache_indices < 0).any())):
-            if weight.dtype == torch.bfloat16 and not cpp_conv_supported():
+                or x.stride(0) != 1 or not native_conv or bool((cache_indices < 0).any())):
+            if weight.dtype == torch.bfloat16 and not native_conv:
                 # The loop convolves in its weight's dtype and casts back to x's: bf16 emulated on this CPU
                 # (a per-channel loop), float32 vectorised; the inputs convert exactly.
                 weight, bias = weight.float(), None if bias is None else bias.float()
@@ -64,4 +65,7 @@ def apply() -> bool:
         return False
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
 
-    return wrap_function(gdn_attention, "causal_conv1d_torch", ledger_signature(TARGET), _make_wrapper)
+    done = wrap_function(gdn_attention, "causal_conv1d_torch", signature(TARGET), _make_wrapper)
+    if done:
+        applied(TARGET)
+    return done

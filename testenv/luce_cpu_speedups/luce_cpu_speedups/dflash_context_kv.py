@@ -1,15 +1,15 @@
-"""Patch: the DFlash drafter's context K/V projection computes in float32 on CPUs without bf16 dot products
-(see LEDGER).
+"""The DFlash drafter's context K/V projection computes in float32 on CPUs without bf16 dot products (a
+test-environment speed-up).
 
 vLLM's Qwen3 DFlash drafter projects the target's context features to every layer's K/V in one GEMM over a
-fused bf16 weight (``F.linear`` in ``_project_context_kv``), outside its linear layers, so ``cpu_bf16_linear``
+fused bf16 weight (``F.linear`` in ``_project_context_kv``), outside its linear layers, so ``bf16_linear``
 does not reach it and PyTorch emulates the bf16 GEMM. py-spy on the load test's all-features server (trained
 Qwen3.6 pair, 300 requests, 2-core AVX2 CPU): 4.4 s of the worker's 85 s were that GEMM, most of what DFlash
 added to the time of a server without it, whose gate ran plain on all but 4 steps.
 
 Here, once the drafter has built its context buffers, each layer's context projection becomes a float32 copy
 of its K/V rows, called through the per-layer path vLLM keeps for quantized layers (``q_size`` 0: the
-projection returns K/V only). As in ``cpu_bf16_linear``, the bf16 inputs convert exactly, the sum
+projection returns K/V only). As in ``bf16_linear``, the bf16 inputs convert exactly, the sum
 accumulates in float32 and the result rounds to bf16. Drafters whose class has its own projection (Laguna's
 stacked ``bmm``), other dtypes, large weights and CPUs with bf16 dot products keep vLLM's path.
 """
@@ -20,15 +20,16 @@ import functools
 
 import torch
 
-from vllm_luce.patches import ledger_signature, wrap_method
-from vllm_luce.patches.cpu_bf16_linear import float32_linear, native_bf16_cpu, upcast
+from luce_cpu_speedups import applied, isa, signature
+from luce_cpu_speedups.bf16_linear import float32_linear, upcast
+from vllm_luce.patches import wrap_method
 
 TARGET = "vllm.model_executor.models.qwen3_dflash:DFlashQwen3Model._build_context_kv_buffers"
 
 
 class Float32ContextKV:
     """One layer's context projection as vLLM's per-layer path calls it: ``proj(x) -> (kv, None)``, through
-    ``cpu_bf16_linear``'s float32 copy of the layer's K/V rows; the output has the input's dtype."""
+    ``bf16_linear``'s float32 copy of the layer's K/V rows; the output has the input's dtype."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         self._linear = float32_linear(weight, bias)
@@ -71,10 +72,13 @@ def _make_wrapper(original, base_projection):
 def apply() -> bool:
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu() or native_bf16_cpu():
+    if not current_platform.is_cpu() or isa.native_bf16():
         return False
     from vllm.model_executor.models.qwen3_dflash import DFlashQwen3Model
 
     base_projection = DFlashQwen3Model._project_context_kv
-    return wrap_method(DFlashQwen3Model, "_build_context_kv_buffers", ledger_signature(TARGET),
+    done = wrap_method(DFlashQwen3Model, "_build_context_kv_buffers", signature(TARGET),
                        lambda original: _make_wrapper(original, base_projection))
+    if done:
+        applied(TARGET)
+    return done
