@@ -120,6 +120,15 @@ def keep_log(path: Path) -> None:
         (Path(logs) / f"{test}-{path.name}").write_text(path.read_text(errors="replace"))
 
 
+def keep_report(name: str, report: dict) -> None:
+    """A test's figures as ``$LUCE_GPU_LOGS/<name>.json`` (in the tier's logs.tgz, even when the call's limit cuts
+    pytest's own report short)."""
+    logs = os.environ.get("LUCE_GPU_LOGS")
+    if logs:
+        Path(logs).mkdir(parents=True, exist_ok=True)
+        (Path(logs) / f"{name}.json").write_text(json.dumps(report, indent=1))
+
+
 @pytest.fixture(scope="session")
 def trained_hybrid(fixtures_root) -> Path:
     """The trained Qwen3.6-architecture target as real Qwen3.6 checkpoints are: Qwen3_5ForConditionalGeneration

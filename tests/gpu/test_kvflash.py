@@ -2,14 +2,11 @@
 the pool completes while the scheduler holds at most the pool's blocks; paging is bit-exact in vLLM's
 cache; on both model runners (the tiny Laguna: 3 sliding + 1 pooled full-attention layer)."""
 
-import json
-import os
 import random
-from pathlib import Path
 
 import pytest
 
-from tests.gpu.conftest import RUNNERS, TP, llm_args, run_engine
+from tests.gpu.conftest import RUNNERS, TP, keep_report, llm_args, run_engine
 
 POOL = 384  # 6 chunks of 64: the floor (1 sink + 4 recent + 1); 8x the pool fits the tiny models' 4096
 
@@ -90,9 +87,7 @@ def test_cuda_graphs_follow_graphless_steps_with_a_pool_8x_smaller(tiny_model, t
     report = {"control": control, "control_gaps": control_gaps, "drift": drift, "gaps": gaps, "tolerance": tolerance,
               "tokens": {str(pool): [o["tokens"] for o in runs] for pool, runs in out.items()},
               "reselections": [r["reselections"] for r in out[POOL][0]["kvflash"]]}
-    logs = Path(os.environ.get("LUCE_GPU_LOGS", tmp_path))  # in the tier's logs.tgz, even if the run is cut short
-    logs.mkdir(parents=True, exist_ok=True)
-    (logs / f"graphs_follow_{runner}_tp{TP}.json").write_text(json.dumps(report))
+    keep_report(f"graphs_follow_{runner}_tp{TP}", report)
     assert drift <= tolerance and all(g <= 2 * tolerance for g in gaps), (drift, gaps, tolerance)
     kv_graphs = out[POOL][0]
     assert kv_graphs["tokens"] != out[None][0]["tokens"], "the pool changed nothing: the test pages nothing"

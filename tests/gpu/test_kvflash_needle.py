@@ -31,16 +31,14 @@ pytest workers (``LUCE_GPU_WORKERS=2``) so that they run side by side.
 from __future__ import annotations
 
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 
 from fixtures import needle as N
-from fixtures.trained import heldout_files, trained_model
 from fixtures import reask as R
-from tests.gpu.conftest import TP, llm_args, run_engine
+from fixtures.trained import heldout_files, trained_model
+from tests.gpu.conftest import TP, keep_report, llm_args, run_engine
 from vllm_luce.config import SCHEMA
 
 POOL = 4096
@@ -107,20 +105,30 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def engines_side_by_side(engines: dict, workdir, prefix: str, env: dict) -> dict:
+    """Each labelled engine spec run at once; its report, or ``{"error": ...}`` for one that failed (reported in the
+    table, and the test fails after it)."""
+    with ThreadPoolExecutor(len(engines)) as pool:
+        runs = {label: pool.submit(run_engine, s, workdir, name=prefix + label.replace(" ", "_").replace(",", ""),
+                                   timeout=500, **env) for label, s in engines.items()}
+    found = {}
+    for label, run in runs.items():
+        try:
+            found[label] = run.result()
+        except Exception as failure:  # noqa: BLE001 - reported by the caller, which fails after its table
+            found[label] = {"error": str(failure).splitlines()[0][:300]}
+    return found
+
+
 def test_kvflash_needle_policies_against_full_kv_at_32k_64k_pool_4k(trained_hybrid, cases, tmp_path):
     tokenizer, found, prompts = cases
     engines = {"full KV": spec(trained_hybrid, prompts)}
     engines.update({f"pool {POOL}, {p}": spec(trained_hybrid, prompts, p) for p in POLICIES})
     env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"}  # the fixture's config says 32768 positions; RoPE goes on past it
-    with ThreadPoolExecutor(len(engines)) as pool:
-        runs = {label: pool.submit(run_engine, s, tmp_path, name=label.replace(" ", "_").replace(",", ""),
-                                   timeout=500, **env) for label, s in engines.items()}
     results = {}
-    for label, run in runs.items():
-        try:
-            out = run.result()
-        except Exception as failure:  # noqa: BLE001 - reported below, the test fails after the table
-            results[label] = {"error": str(failure).splitlines()[0][:300]}
+    for label, out in engines_side_by_side(engines, tmp_path, "", env).items():
+        if "error" in out:
+            results[label] = out
             continue
         stats = [r for r in out.get("kvflash", []) if r.get("bound")]
         results[label] = {"sets": score(tokenizer, found, out), "seconds": round(out["seconds"], 1),
@@ -130,9 +138,7 @@ def test_kvflash_needle_policies_against_full_kv_at_32k_64k_pool_4k(trained_hybr
               "results": results}
     print(f"\nKVFlash needle retrieval, pool {POOL} tokens (default policy {DEFAULT!r}):\n{table(results)}\n"
           + json.dumps(report), flush=True)
-    if os.environ.get("LUCE_GPU_LOGS"):
-        Path(os.environ["LUCE_GPU_LOGS"]).mkdir(parents=True, exist_ok=True)
-        (Path(os.environ["LUCE_GPU_LOGS"]) / "kvflash_needle.json").write_text(json.dumps(report, indent=1))
+    keep_report("kvflash_needle", report)
     failed = {label: r["error"] for label, r in results.items() if "error" in r}
     assert not failed, failed
     full, default = results["full KV"]["sets"], results[f"pool {POOL}, {DEFAULT}"]["sets"]
@@ -166,15 +172,10 @@ def test_kvflash_needle_reask_at_32k_pool_4k(trained_hybrid, conversations, tmp_
     engines = {"full KV": conversation_spec(None), f"pool {POOL}, {DEFAULT}": conversation_spec(DEFAULT),
                f"pool {POOL}, lru": conversation_spec("lru")}
     env = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    with ThreadPoolExecutor(len(engines)) as pool:
-        runs = {label: pool.submit(run_engine, s, tmp_path, name="reask_" + label.replace(" ", "_").replace(",", ""),
-                                   timeout=500, **env) for label, s in engines.items()}
     results = {}
-    for label, run in runs.items():
-        try:
-            out = run.result()
-        except Exception as failure:  # noqa: BLE001 - reported below, the test fails after the table
-            results[label] = {"error": str(failure).splitlines()[0][:300]}
+    for label, out in engines_side_by_side(engines, tmp_path, "reask_", env).items():
+        if "error" in out:
+            results[label] = out
             continue
         events = out.get("reselections") if label != "full KV" else None
         results[label] = {**R.score_conversations(tokenizer, found, out["tokens"], events), "seconds": round(out["seconds"], 1)}
@@ -188,9 +189,7 @@ def test_kvflash_needle_reask_at_32k_pool_4k(trained_hybrid, conversations, tmp_
     report = {"pool_tokens": POOL, "prompt_tokens": REASK_TOKENS, "filler_tokens": REASK_FILLER, "results": results}
     print(f"\nKVFlash asked, evicted, asked again at {REASK_TOKENS // 1024}K, pool {POOL} ({len(found)} conversations):\n"
           + "\n".join(lines) + "\n" + json.dumps(report), flush=True)
-    if os.environ.get("LUCE_GPU_LOGS"):
-        Path(os.environ["LUCE_GPU_LOGS"]).mkdir(parents=True, exist_ok=True)
-        (Path(os.environ["LUCE_GPU_LOGS"]) / "kvflash_reask.json").write_text(json.dumps(report, indent=1))
+    keep_report("kvflash_reask", report)
     failed = {label: r["error"] for label, r in results.items() if "error" in r}
     assert not failed, failed
     default = results[f"pool {POOL}, {DEFAULT}"]
