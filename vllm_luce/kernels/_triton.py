@@ -32,6 +32,11 @@ def autotune(configs: list[triton.Config], key: list[str], **kwargs):
     return triton.autotune(configs=configs, key=key, **kwargs)
 
 
+# What the chunk summary and scoring kernels accept: floating caches and queries, head sizes up to 512.
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+MAX_HEAD_DIM = 512
+
+
 def check_device(name: str, *tensors: torch.Tensor) -> None:
     """Kernel tensors: all on one CUDA device, or on the CPU under the interpreter."""
     device = tensors[0].device

@@ -38,7 +38,7 @@ from vllm_luce import hooks, metrics
 from vllm_luce.kvflash.host_pool import PinnedChunkPool
 from vllm_luce.kvflash.cache_layout import cache_layout
 from vllm_luce.kvflash.kv_store import PagedPoolStore, copy_stream_for, to_device_async
-from vllm_luce.kvflash.pager import PagerConfig, PagerStats, RequestPager
+from vllm_luce.kvflash.pager import PagerConfig, PagerStats, RequestPager, summarize
 from vllm_luce.kvflash.policies import make_policy
 from vllm_luce.kvflash.query_window import push_queries, window_rows
 from vllm_luce.kvflash.sfi import RequestSelection
@@ -118,8 +118,6 @@ class KVFlashRuntime:
         of the policy without the tensor-parallel reduction scores: no collective where a rank may fail alone."""
         if not getattr(self.policy, "needs_summaries", False):
             return
-        from vllm_luce.kvflash.pager import summarize
-
         summary = summarize(self.policy, store, 0)
         if q_heads and getattr(self.policy, "needs_queries", False):
             queries = torch.zeros(len(self.caches), q_heads * self.query_window, self.head_size,

@@ -30,11 +30,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_luce.kernels._triton import autotune, check_device, scores_out
+from vllm_luce.kernels._triton import FLOAT_DTYPES, MAX_HEAD_DIM, autotune, check_device, scores_out
 from vllm_luce.kernels.chunk_copy import LayerCaches
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_MAX_HEAD_DIM = 512
 
 
 @triton.jit
@@ -140,7 +138,7 @@ def key_bounds(caches: LayerCaches, slots: torch.Tensor, head_dim: int, page_tok
     """[layers, pages, kv_heads, 2 (min, max), head_dim] fp8 e5m2 (``out`` if given): per page of
     ``page_tokens`` consecutive ``slots``, the element-wise min and max of each layer's keys per KV head,
     rounded outward (``key_bounds_naive``, bit for bit). One launch for all layers."""
-    if caches.dtype not in _FLOAT_DTYPES:
+    if caches.dtype not in FLOAT_DTYPES:
         raise TypeError(f"key_bounds: caches must be float32, float16 or bfloat16 (fp8 caches take the torch "
                         f"path), got {caches.dtype}")
     if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64) or len(slots) == 0:
@@ -148,8 +146,8 @@ def key_bounds(caches: LayerCaches, slots: torch.Tensor, head_dim: int, page_tok
                          f"{list(slots.shape)} {slots.dtype}")
     if page_tokens <= 0 or len(slots) % page_tokens:
         raise ValueError(f"key_bounds: {len(slots)} slots do not split into pages of {page_tokens} tokens")
-    if not 0 < head_dim <= min(_MAX_HEAD_DIM, caches.width):
-        raise ValueError(f"key_bounds: head size must be 1 to {min(_MAX_HEAD_DIM, caches.width)}, got {head_dim}")
+    if not 0 < head_dim <= min(MAX_HEAD_DIM, caches.width):
+        raise ValueError(f"key_bounds: head size must be 1 to {min(MAX_HEAD_DIM, caches.width)}, got {head_dim}")
     layers, heads, pages = len(caches.caches), caches.heads, len(slots) // page_tokens
     shape = (layers, pages, heads, 2, head_dim)
     if out is None:
@@ -183,11 +181,11 @@ def bound_scores(queries: torch.Tensor, bounds: torch.Tensor, out: torch.Tensor 
         raise ValueError("bound_scores: bounds must hold at least one page")
     if hkv == 0 or hq % hkv:
         raise ValueError(f"bound_scores: {hq} query heads do not group over {hkv} KV heads")
-    if queries.dtype not in _FLOAT_DTYPES or bounds.dtype != torch.float8_e5m2:
+    if queries.dtype not in FLOAT_DTYPES or bounds.dtype != torch.float8_e5m2:
         raise TypeError(f"bound_scores: queries must be float32, float16 or bfloat16 and bounds float8_e5m2, got "
                         f"{queries.dtype} and {bounds.dtype}")
-    if not 0 < head_dim <= _MAX_HEAD_DIM:
-        raise ValueError(f"bound_scores: head size must be 1 to {_MAX_HEAD_DIM}, got {head_dim}")
+    if not 0 < head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"bound_scores: head size must be 1 to {MAX_HEAD_DIM}, got {head_dim}")
     check_device("bound_scores", queries, bounds)
     out = scores_out("bound_scores", out, num_chunks, layers, queries.device)
     if num_chunks and layers:

@@ -20,11 +20,9 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_luce.kernels._triton import autotune, check_device, scores_out
+from vllm_luce.kernels._triton import FLOAT_DTYPES, MAX_HEAD_DIM, autotune, check_device, scores_out
 from vllm_luce.kernels.chunk_copy import LayerCaches
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_MAX_HEAD_DIM = 512
 
 
 @autotune(
@@ -100,11 +98,11 @@ def chunk_scores(queries: torch.Tensor, summaries: torch.Tensor, out: torch.Tens
                          "in layers and head size")
     if hkv == 0 or hq % hkv:
         raise ValueError(f"chunk_scores: {hq} query heads do not group over {hkv} KV heads")
-    if queries.dtype not in _FLOAT_DTYPES or summaries.dtype not in _FLOAT_DTYPES:
+    if queries.dtype not in FLOAT_DTYPES or summaries.dtype not in FLOAT_DTYPES:
         raise TypeError(f"chunk_scores: queries and summaries must be float32, float16 or bfloat16, got "
                         f"{queries.dtype} and {summaries.dtype}")
-    if not 0 < head_dim <= _MAX_HEAD_DIM:
-        raise ValueError(f"chunk_scores: head size must be 1 to {_MAX_HEAD_DIM}, got {head_dim}")
+    if not 0 < head_dim <= MAX_HEAD_DIM:
+        raise ValueError(f"chunk_scores: head size must be 1 to {MAX_HEAD_DIM}, got {head_dim}")
     check_device("chunk_scores", queries, summaries)
     out = scores_out("chunk_scores", out, num_chunks, layers, queries.device)
     if num_chunks and layers:
@@ -119,14 +117,14 @@ def key_means(caches: LayerCaches, slots: torch.Tensor, head_dim: int, out: torc
     """[layers, kv_heads, head_dim] fp32 (``out`` if given): the mean over ``slots`` of each layer's keys,
     the first ``head_dim`` elements of each head's ``[K, V]`` row (``key_means_naive``). One launch for all
     layers."""
-    if caches.dtype not in _FLOAT_DTYPES:
+    if caches.dtype not in FLOAT_DTYPES:
         raise TypeError(f"key_means: caches must be float32, float16 or bfloat16 (fp8 caches take the torch "
                         f"path), got {caches.dtype}")
     if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64) or len(slots) == 0:
         raise ValueError(f"key_means: slots must be a non-empty 1-D int32/int64 tensor, got "
                          f"{list(slots.shape)} {slots.dtype}")
-    if not 0 < head_dim <= min(_MAX_HEAD_DIM, caches.width):
-        raise ValueError(f"key_means: head size must be 1 to {min(_MAX_HEAD_DIM, caches.width)}, got {head_dim}")
+    if not 0 < head_dim <= min(MAX_HEAD_DIM, caches.width):
+        raise ValueError(f"key_means: head size must be 1 to {min(MAX_HEAD_DIM, caches.width)}, got {head_dim}")
     layers, heads = len(caches.caches), caches.heads
     if out is None:
         out = torch.empty(layers, heads, head_dim, dtype=torch.float32, device=caches.device)
