@@ -31,7 +31,7 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
     dflash = luce.dflash
     if not (dflash.on_when_used() and dflash.gate):
         return None
-    from vllm_luce.spec_decode.plain_steps import graph_table
+    from vllm_luce.spec_decode.plain_steps import graph_table, set_graph_table
 
     table = getattr(spec, "num_speculative_tokens_per_batch_size", None)
     if table and table != graph_table(spec.num_speculative_tokens, vllm_config.scheduler_config.max_num_seqs):
@@ -43,8 +43,6 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
     current = sched.scheduler_cls
     if current in GATED_SCHEDULERS.values():
         return current
-    from vllm_luce.spec_decode.plain_steps import set_graph_table
-
     if current not in VLLM_DEFAULT_SCHEDULERS and current not in KVFLASH_SCHEDULERS.values():
         raise LuceConfigError(
             f"--scheduler-cls {current}: vllm-luce's DFlash gate needs its own scheduler class; drop "
