@@ -64,13 +64,15 @@ def shape_of(tiny: bool) -> dict:
 
 
 async def decode_window(engine, prompts: list[list[int]], steps: int, tag: str, max_len: int, skip: int = 2,
-                        sample=None) -> dict:
+                        sample=None, profile=None) -> dict:
     """Decode time with every request of ``prompts`` decoding and none prefilling.
 
     All requests are submitted together; once each has its first token (all prompts prefilled), the window
     opens ``skip`` tokens later and closes after ``steps`` more decode steps of every request; then they are
     cancelled (vLLM aborts them). ``sample()`` (worker and metric readings) runs at the window's end, while
-    they still hold their KV. ``step_ms``: window wall time / steps; ``tok_s``: tokens produced in it / wall."""
+    they still hold their KV. ``step_ms``: window wall time / steps; ``tok_s``: tokens produced in it / wall.
+    ``profile`` ``(steps, start, stop)``: after the window, ``steps`` more decode steps of the same requests between
+    ``await start()`` and ``await stop()`` (the profiler slows steps, so they stay out of the window)."""
     records = [{} for _ in prompts]
     # As long as the context allows: a request prefilled first decodes while the others prefill, and must not
     # finish before the window closes (the requests are cancelled first).
@@ -85,6 +87,15 @@ async def decode_window(engine, prompts: list[list[int]], steps: int, tag: str, 
         await asyncio.sleep(0.002)
         _raise_failed(tasks)
     sampled = await sample() if sample else {}
+    if profile:
+        more, start, stop = profile
+        await start()
+        marks = [len(r["times"]) for r in records]
+        while not all(len(r["times"]) > m + more for r, m in zip(records, marks)):
+            await asyncio.sleep(0.002)
+            _raise_failed(tasks)
+        wall = min(r["times"][m + more] for r, m in zip(records, marks)) - max(r["times"][m] for r, m in zip(records, marks))
+        sampled["profile"] = {"steps": more, "step_ms_profiled": round(wall / more * 1e3, 3), **await stop()}
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -212,12 +223,19 @@ async def measure(engine, spec: dict, note) -> dict:
                    **(await engine.collective_rpc(profiler_stop, args=(30,)))[0]}
         note(profile=profile)
         print(f"[{spec['mode']}] profiled {m['profile']} steps at {n}", flush=True)
+
+    async def start():
+        await engine.collective_rpc(profiler_start)
+
+    async def stop():
+        return (await engine.collective_rpc(profiler_stop, args=(30,)))[0]
     admitted = int(min(m["batch"], kv["max_concurrency"][str(batch_len)]))
     batch = {"requests": 0, "skipped": "the KV cache admits no request of this length"}
     if admitted:
         before = await kvflash()
         prompts = [G.random_prompt(m["batch_context"], 1000 + i) for i in range(admitted)]
-        batch = {**await decode_window(engine, prompts, steps, "batch", max_len, sample=sample),
+        batch = {**await decode_window(engine, prompts, steps, "batch", max_len, sample=sample,
+                                       profile=(m["profile"], start, stop) if m.get("profile") else None),
                  "kvflash_before": before}
         print(f"[{spec['mode']}] {admitted} x {m['batch_context']}: {batch['tok_s']} tokens/s", flush=True)
     for row in (*contexts, batch):
@@ -315,7 +333,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/luce-bench/kvflash"), help="engine logs and specs")
     ap.add_argument("--models", type=Path, default=Path("/tmp/luce-bench/models"), help="config-only checkpoints")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                    help="also profile STEPS decode steps at the second context (torch profiler; top ops in the JSON)")
+                    help="also profile STEPS decode steps at the second context and STEPS more after the batch's window "
+                         "(torch profiler; top ops in the JSON)")
+    ap.add_argument("--gpus", type=int, default=1, help="engines side by side, one per card (default: one after another on one card)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     tiny = args.tiny

@@ -3,6 +3,7 @@ planted line still in the prompt the target prefilled?) and answer accuracy, aga
 prompt, at several keep ratios, with and without the lexical anchors.
 
     python -m benchmarks.pflash_needle --tokens 4096 8192 --keeps 0.05 0.1 0.2 --seeds 4 --json out.json
+    python -m benchmarks.pflash_needle --keeps 0.05 --early-exit 1 2 --no-baseline   # the scorer's first layers only
 """
 
 from __future__ import annotations
@@ -50,14 +51,19 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=[4096, 8192])
     ap.add_argument("--keeps", type=float, nargs="+", default=[0.05, 0.1, 0.2])
     ap.add_argument("--seeds", type=int, default=4)
+    ap.add_argument("--early-exit", type=int, nargs="+", default=[0], metavar="LAYERS",
+                    help="pflash.early_exit_layers values to run (0: every layer); anchors on only when not 0")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the uncompressed run")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     max_len = max(args.tokens) + 64
-    rows = run("uncompressed", None, args.tokens, args.seeds, max_len)
-    for keep in args.keeps:
-        for anchors in (True, False):
-            label = f"keep {keep}, anchors {'on' if anchors else 'off'}"
-            rows += run(label, {"keep_ratio": keep, "anchors": anchors}, args.tokens, args.seeds, max_len)
+    rows = [] if args.no_baseline else run("uncompressed", None, args.tokens, args.seeds, max_len)
+    for layers in args.early_exit:
+        for keep in args.keeps:
+            for anchors in ((True, False) if not layers else (True,)):
+                label = f"keep {keep}, anchors {'on' if anchors else 'off'}" + (f", early exit {layers}" if layers else "")
+                cfg = {"keep_ratio": keep, "anchors": anchors, **({"early_exit_layers": layers} if layers else {})}
+                rows += run(label, cfg, args.tokens, args.seeds, max_len)
     return report(rows, args.json)
 
 

@@ -22,7 +22,9 @@ import platform
 import re
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fixtures.engine_report import config_facts, registry_metrics
@@ -139,8 +141,12 @@ def random_prompt(n: int, seed: int) -> list[int]:
 # ------------------------------------------------------------------ engines in child processes
 
 
-def child_env(plugins: bool, cuda: bool) -> dict:
+def child_env(plugins: bool, cuda: bool, gpu: int | None = None) -> dict:
+    """``gpu``: the child sees only that card (an index into the parent's CUDA_VISIBLE_DEVICES, if set)."""
     env = {k: v for k, v in os.environ.items() if not (cuda and k in CPU_ONLY)}
+    if gpu is not None:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # collective_rpc sends this module's functions to the workers
     env["TOKENIZERS_PARALLELISM"] = "false"
@@ -160,7 +166,7 @@ def root_cause(log: str) -> str:
 
 
 def run_child(module: str, spec: dict, workdir: Path, name: str, *, plugins: bool, cuda: bool,
-              timeout: float) -> dict:
+              timeout: float, gpu: int | None = None) -> dict:
     """Run ``python -m module --child SPEC OUT`` in a process group of its own; its report, or ``{"error": ...}``
     with what it had measured (``partial``) and its log's tail (the log stays in ``workdir``): one failed engine
     leaves the others' results. Past ``timeout`` the whole group is killed (vLLM's engine core and workers too, so
@@ -175,7 +181,7 @@ def run_child(module: str, spec: dict, workdir: Path, name: str, *, plugins: boo
     t0 = time.perf_counter()
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", module, "--child", str(spec_path), str(out_path)], cwd=ROOT,
-                                env=child_env(plugins, cuda), stdout=log, stderr=subprocess.STDOUT,
+                                env=child_env(plugins, cuda, gpu), stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
         try:
             code = proc.wait(timeout=max(timeout, 1))
@@ -311,20 +317,43 @@ def metrics() -> dict:
 
 
 def run_engines(module: str, specs: dict, out: dict, args, cuda: bool) -> dict:
-    """Each engine of ``specs`` (mode -> spec) in turn, vLLM alone for mode ``vllm``, within ``args.budget`` seconds
-    overall (an engine gets at most ``args.timeout`` and what the budget has left; none is started with less than two
-    minutes left: an 8B engine takes 1-2 minutes to start); ``out`` is written to ``args.json`` after each, so a run
-    cut short keeps what it measured."""
+    """Each engine of ``specs`` (mode -> spec), vLLM alone for mode ``vllm``, within ``args.budget`` seconds overall
+    (an engine gets at most ``args.timeout`` and what the budget has left; none is started with less than two minutes
+    left: an 8B engine takes 1-2 minutes to start); ``out`` is written to ``args.json`` after each, so a run cut
+    short keeps what it measured. With ``args.gpus`` > 1, up to that many engines at once, each on a card of its
+    own (the machine's cards are alike; the engines never share one); otherwise one after another."""
     deadline = time.perf_counter() + args.budget
-    for mode, spec in specs.items():
+    gpus = getattr(args, "gpus", 1) if cuda else 1
+    free = list(range(gpus))[::-1]
+    lock = threading.Lock()
+
+    def one(mode, spec):
         left = min(args.timeout, deadline - time.perf_counter())
         if left < 120:
-            out["results"][mode] = {"error": f"not started: {left:.0f} s of the --budget left"}
-            continue
-        out["results"][mode] = run_child(module, spec, args.workdir, mode, plugins=mode != "vllm", cuda=cuda,
-                                         timeout=left)
+            return {"error": f"not started: {left:.0f} s of the --budget left"}
+        with lock:
+            gpu = free.pop() if gpus > 1 else None
+        try:
+            return run_child(module, spec, args.workdir, mode, plugins=mode != "vllm", cuda=cuda, timeout=left, gpu=gpu)
+        finally:
+            if gpu is not None:
+                with lock:
+                    free.append(gpu)
+
+    def record(mode, result):
+        out["results"][mode] = result
         if args.json:
-            Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+            with lock:
+                Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+
+    if gpus > 1:
+        with ThreadPoolExecutor(max_workers=gpus) as pool:
+            futures = {mode: pool.submit(one, mode, spec) for mode, spec in specs.items()}
+            for mode, future in futures.items():
+                record(mode, future.result())
+    else:
+        for mode, spec in specs.items():
+            record(mode, one(mode, spec))
     return {m: r for m, r in out["results"].items() if "error" not in r}
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tests.gpu.conftest import RUNNERS, TP, keep_report, llm_args, run_engine
+from tests.gpu.conftest import RUNNERS, TP, keep_report, llm_args, run_engine, side_by_side
 
 POOL = 384  # 6 chunks of 64: the floor (1 sink + 4 recent + 1); 8x the pool fits the tiny models' 4096
 
@@ -25,8 +25,8 @@ def spec(model, prompts, pool=None, **extra):
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
 def test_pool_covering_the_context_gives_vllms_tokens(tiny_model, tmp_path, runner):
     model, prompts = tiny_model("laguna"), [prompt(100, 1), prompt(250, 2), prompt(POOL - 40, 3)]
-    off = run_engine(spec(model, prompts), tmp_path, **RUNNERS[runner])
-    on = run_engine(spec(model, prompts, POOL), tmp_path, **RUNNERS[runner])
+    off, on = side_by_side(*[(run_engine, (spec(model, prompts, pool), tmp_path), {"name": name, **RUNNERS[runner]})
+                             for name, pool in (("off", None), ("on", POOL))])
     assert all(r["bound"] for r in on["kvflash"]), on["kvflash"]
     assert on["tokens"] == off["tokens"]
     assert sum(r["page_outs"] for r in on["kvflash"]) == 0
@@ -73,12 +73,16 @@ def test_cuda_graphs_follow_graphless_steps_with_a_pool_8x_smaller(tiny_model, t
     whose top-2 gap is within that. A graph that read vLLM's unpooled lengths attended the whole context through
     the pool's table: far outside it. Past a decode-time reselection (every 70 tokens at this context)."""
     model, prompts = tiny_model("laguna"), [prompt(8 * POOL + 100, 8), prompt(5 * POOL, 9)]
-    out = {}
+    calls = []
     for pool in (None, POOL):
         graphs = spec(model, prompts, pool, max_tokens=96, logprobs=2)
         graphless = {**graphs, "llm": {**graphs["llm"], "compilation_config": {"cudagraph_mode": "NONE"}}}
-        out[pool] = [run_engine(s, tmp_path, **RUNNERS[runner]) for s in (graphs, graphless)]
-        assert out[pool][0]["cudagraph_mode"] != "NONE" and out[pool][1]["cudagraph_mode"] == "NONE"
+        calls += [(run_engine, (s, tmp_path), {"name": f"pool{pool}-{kind}", **RUNNERS[runner]})
+                  for kind, s in (("graphs", graphs), ("graphless", graphless))]
+    runs = side_by_side(*calls)  # four engines in a row did not fit a device call at TP=2
+    out = {None: runs[:2], POOL: runs[2:]}
+    for graphs, graphless in out.values():
+        assert graphs["cudagraph_mode"] != "NONE" and graphless["cudagraph_mode"] == "NONE"
     control, control_gaps = drift_and_ties(*out[None])
     tolerance = max(3 * control, 0.02)
     drift, gaps = drift_and_ties(*out[POOL])
