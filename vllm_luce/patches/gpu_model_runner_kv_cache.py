@@ -13,12 +13,18 @@ TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"
 def binding_wrapper(target: str):
     """A wrapper factory for initialize_kv_cache (``target``) that, after vLLM's code, runs the feature-install rows
     of vllm_luce/hooks.py for that runner whose feature is on (``bind(runner, luce)``): KVFlash's binding, DFlash's
-    plain steps (V2; the binding returns at once without a DFlash speculator), then PFlash's drafter (rank 0)."""
+    plain steps (V2; the binding returns at once without a DFlash speculator), then PFlash's drafter (rank 0).
+
+    Not on a profiling call (``is_profiling``): V1 sizes its CUDA graphs' memory with a minimal KV cache first and
+    the real one follows. Bound there too, every pooled layer captured its queries twice a step (a second gather
+    per layer in each decode graph, found in an H200 profile), and a stale runtime kept its pinned host slab."""
 
     def make(original):
         @functools.wraps(original)
         def initialize_kv_cache(self, kv_cache_config, *args, **kwargs):  # the other parameters vary by series
             original(self, kv_cache_config, *args, **kwargs)
+            if kwargs.get("is_profiling", args[0] if args else False):
+                return
             from vllm_luce import hooks
             from vllm_luce.config import LuceConfig
 

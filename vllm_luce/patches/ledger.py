@@ -248,7 +248,8 @@ LEDGER += (
             "sequence lengths) needs the runner's KV cache tensors, block tables and attention groups, which "
             "exist only after initialize_kv_cache. V1 has no hook for a plugin there (KV connectors are "
             "scheduler/transfer hooks and cannot change slot mappings).",
-        how="Wraps initialize_kv_cache (the CPU runner calls it through super()): after vLLM's own code, when "
+        how="Wraps initialize_kv_cache (the CPU runner calls it through super()): after vLLM's own code, except "
+            "on the profiling call (is_profiling: a minimal KV cache for CUDA graph memory, the real one follows), when "
             "luce.kvflash is on and a KVFlashSpec group exists, kvflash.worker.bind_v1 binds to that "
             "runner's objects (instance attributes only: the group's BlockTable.compute_slot_mapping, its "
             "metadata builders, the pooled layers' impl.forward, and _update_states for releases). When "
