@@ -2,7 +2,8 @@
 
 SPEC (JSON): {"model": path, "llm": {LLM keyword arguments}, "prompts": [text or token-id lists],
 "max_tokens": n, "xargs": [each prompt's vllm_xargs or null], "predictable": bool (register the test-only drafter class; in-process engines only),
-"rpc": ["kvflash"] (the workers' KVFlash totals), "kvflash_probe": bool (tests/gpu/kvflash_probe.py),
+"rpc": ["kvflash"] (the workers' KVFlash totals; "reselections": each worker's reselections of every request,
+by engine request id: (tokens, resident before, resident after), any engine), "kvflash_probe": bool,
 "record_reselections": bool (each request's KVFlash reselections, in-process engines only), "logprobs": k (each
 position's sampled and top-k logprobs)}. OUT gets the greedy token ids, the serving
 class, how vLLM ran (model runner, CUDA graphs, async scheduling), vLLM's spec-decode counters and the
@@ -46,6 +47,8 @@ def run(spec: dict) -> dict:
     xargs = spec.get("xargs") or [None] * len(prompts)  # each prompt's vllm_xargs
     params = [SamplingParams(max_tokens=spec.get("max_tokens", 24), temperature=0.0, ignore_eos=True, extra_args=x,
                              logprobs=spec.get("logprobs")) for x in xargs]
+    if "reselections" in spec.get("rpc", ()):
+        llm.collective_rpc(_start_recording)
     start = time.perf_counter()
     with _recording(spec.get("record_reselections")) as events:
         outputs = llm.generate(prompts, params, use_tqdm=False)
@@ -59,6 +62,11 @@ def run(spec: dict) -> dict:
                                for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outputs]
     if "kvflash" in spec.get("rpc", ()):
         result["kvflash"] = llm.collective_rpc(_kvflash_report)
+    if "reselections" in spec.get("rpc", ()):
+        from fixtures.reask import events_of
+
+        by_rank = llm.collective_rpc(_recorded)
+        result["rank_reselections"] = [[events_of(events, o.request_id) for o in outputs] for events in by_rank]
     if probe is not None:
         result["kvflash_probe"] = probe
     if events is not None:
@@ -83,6 +91,22 @@ def _recording(on):
 # What workers run is named by module (tests.gpu.engine, never __main__) so that it pickles to every rank.
 def class_name(model) -> str:
     return type(model).__qualname__
+
+
+_RECORDING: dict = {}
+
+
+def _start_recording(worker) -> None:
+    """In each worker: ``fixtures.reask.record_reselections`` until ``_recorded``."""
+    from fixtures.reask import record_reselections
+
+    _RECORDING["context"] = record_reselections()
+    _RECORDING["events"] = _RECORDING["context"].__enter__()
+
+
+def _recorded(worker) -> dict:
+    _RECORDING.pop("context").__exit__(None, None, None)
+    return {req: [(t, sorted(b), sorted(a)) for t, b, a in found] for req, found in _RECORDING.pop("events").items()}
 
 
 def _kvflash_report(worker) -> dict:

@@ -51,6 +51,16 @@ def test_hybrid_target_with_kvflash_completes_a_long_prompt(trained_hybrid, tmp_
     assert len(out["tokens"][0]) == 32 and all(r["bound"] for r in out["kvflash"]), out["kvflash"]
 
 
+def first_difference(a, b):
+    """The first (rank, request, reselection index, tokens) where two runs' recorded selections differ, or None."""
+    for rank, (ra, rb) in enumerate(zip(a or [], b or [])):
+        for req, (ea, eb) in enumerate(zip(ra, rb)):
+            for i, (x, y) in enumerate(zip(ea, eb)):
+                if x != y:
+                    return rank, req, i, x[0]
+    return None
+
+
 def drift_and_ties(graphs: dict, graphless: dict) -> tuple[float, list[float]]:
     """Two runs of the same prompts: the largest difference of a sampled token's logprob while their tokens agree,
     and, for each request whose tokens part, the smaller top-2 gap of the two runs where they part."""
@@ -75,7 +85,7 @@ def test_cuda_graphs_follow_graphless_steps_with_a_pool_8x_smaller(tiny_model, t
     model, prompts = tiny_model("laguna"), [prompt(8 * POOL + 100, 8), prompt(5 * POOL, 9)]
     calls = []
     for pool in (None, POOL):
-        graphs = spec(model, prompts, pool, max_tokens=96, logprobs=2)
+        graphs = spec(model, prompts, pool, max_tokens=96, logprobs=2, rpc=["kvflash", "reselections"])
         graphless = {**graphs, "llm": {**graphs["llm"], "compilation_config": {"cudagraph_mode": "NONE"}}}
         calls += [(run_engine, (s, tmp_path), {"name": f"pool{pool}-{kind}", **RUNNERS[runner]})
                   for kind, s in (("graphs", graphs), ("graphless", graphless))]
@@ -90,7 +100,10 @@ def test_cuda_graphs_follow_graphless_steps_with_a_pool_8x_smaller(tiny_model, t
           f"KVFlash {drift:.4f} (parted at gaps {gaps}); tolerance {tolerance:.4f}")
     report = {"control": control, "control_gaps": control_gaps, "drift": drift, "gaps": gaps, "tolerance": tolerance,
               "tokens": {str(pool): [o["tokens"] for o in runs] for pool, runs in out.items()},
-              "reselections": [r["reselections"] for r in out[POOL][0]["kvflash"]]}
+              "reselections": [r["reselections"] for r in out[POOL][0]["kvflash"]],
+              # per rank and request, (tokens, resident before, after) of each reselection: graphs, graphless
+              "selections": [run.get("rank_reselections") for run in out[POOL]],
+              "first_selection_difference": first_difference(*(run.get("rank_reselections") for run in out[POOL]))}
     keep_report(f"graphs_follow_{runner}_tp{TP}", report)
     assert drift <= tolerance and all(g <= 2 * tolerance for g in gaps), (drift, gaps, tolerance)
     kv_graphs = out[POOL][0]
