@@ -71,8 +71,9 @@ async def decode_window(engine, prompts: list[list[int]], steps: int, tag: str, 
     opens ``skip`` tokens later and closes after ``steps`` more decode steps of every request; then they are
     cancelled (vLLM aborts them). ``sample()`` (worker and metric readings) runs at the window's end, while
     they still hold their KV. ``step_ms``: window wall time / steps; ``tok_s``: tokens produced in it / wall.
-    ``profile`` ``(steps, start, stop)``: after the window, ``steps`` more decode steps of the same requests between
-    ``await start()`` and ``await stop()`` (the profiler slows steps, so they stay out of the window)."""
+    ``profile``: ``(name, steps, start, stop)`` windows after the measured one, each ``steps`` more decode steps of the
+    same requests between ``await start()`` and ``await stop()``, whose result is the row's ``name`` (profilers
+    slow steps, so they stay out of the measured window)."""
     records = [{} for _ in prompts]
     # As long as the context allows: a request prefilled first decodes while the others prefill, and must not
     # finish before the window closes (the requests are cancelled first).
@@ -87,15 +88,14 @@ async def decode_window(engine, prompts: list[list[int]], steps: int, tag: str, 
         await asyncio.sleep(0.002)
         _raise_failed(tasks)
     sampled = await sample() if sample else {}
-    if profile:
-        more, start, stop = profile
+    for name, more, start, stop in profile or ():
         await start()
         marks = [len(r["times"]) for r in records]
         while not all(len(r["times"]) > m + more for r, m in zip(records, marks)):
             await asyncio.sleep(0.002)
             _raise_failed(tasks)
         wall = min(r["times"][m + more] for r, m in zip(records, marks)) - max(r["times"][m] for r, m in zip(records, marks))
-        sampled["profile"] = {"steps": more, "step_ms_profiled": round(wall / more * 1e3, 3), **await stop()}
+        sampled[name] = {"steps": more, "step_ms_profiled": round(wall / more * 1e3, 3), **await stop()}
     for t in tasks:
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -165,6 +165,32 @@ def profiler_start(worker) -> bool:
     return True
 
 
+def python_profiler_start(worker) -> bool:
+    """``--profile``: cProfile on the thread that runs this call: the engine core's, which schedules and runs the
+    model's steps (one GPU, in-process worker)."""
+    import cProfile
+
+    worker.bench_python_profiler = cProfile.Profile()
+    worker.bench_python_profiler.enable()
+    return True
+
+
+def python_profiler_stop(worker, top: int) -> dict:
+    """The ``top`` Python functions by own time and by cumulative time (ms, calls) since ``python_profiler_start``."""
+    import pstats
+
+    profiler = worker.bench_python_profiler
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats  # (file, line, name) -> (calls, primitive calls, own s, cumulative s, callers)
+
+    def ranked(index):
+        rows = sorted(stats.items(), key=lambda kv: kv[1][index], reverse=True)[:top]
+        return [[f"{f.rsplit('site-packages/', 1)[-1]}:{line}({name})", round(v[index] * 1e3, 3), v[0]]
+                for (f, line, name), v in rows]
+
+    return {"own_ms": ranked(2), "cumulative_ms": ranked(3)}
+
+
 def profiler_stop(worker, top: int) -> dict:
     """The ``top`` operations by self device time and by self host time (ms, calls) since ``profiler_start``."""
     profiler = worker.bench_profiler
@@ -229,13 +255,21 @@ async def measure(engine, spec: dict, note) -> dict:
 
     async def stop():
         return (await engine.collective_rpc(profiler_stop, args=(30,)))[0]
+
+    async def python_start():
+        await engine.collective_rpc(python_profiler_start)
+
+    async def python_stop():
+        return (await engine.collective_rpc(python_profiler_stop, args=(60,)))[0]
     admitted = int(min(m["batch"], kv["max_concurrency"][str(batch_len)]))
     batch = {"requests": 0, "skipped": "the KV cache admits no request of this length"}
     if admitted:
         before = await kvflash()
         prompts = [G.random_prompt(m["batch_context"], 1000 + i) for i in range(admitted)]
         batch = {**await decode_window(engine, prompts, steps, "batch", max_len, sample=sample,
-                                       profile=(m["profile"], start, stop) if m.get("profile") else None),
+                                       profile=[("profile", m["profile"], start, stop),
+                                                ("python_profile", m["profile"], python_start, python_stop)]
+                                       if m.get("profile") else None),
                  "kvflash_before": before}
         print(f"[{spec['mode']}] {admitted} x {m['batch_context']}: {batch['tok_s']} tokens/s", flush=True)
     for row in (*contexts, batch):
@@ -333,8 +367,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/luce-bench/kvflash"), help="engine logs and specs")
     ap.add_argument("--models", type=Path, default=Path("/tmp/luce-bench/models"), help="config-only checkpoints")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                    help="also profile STEPS decode steps at the second context and STEPS more after the batch's window "
-                         "(torch profiler; top ops in the JSON)")
+                    help="also profile STEPS decode steps at the second context, and after the batch's window STEPS "
+                         "more (torch profiler) and STEPS more (cProfile of the engine core's thread): top ops and "
+                         "Python functions in the JSON")
     ap.add_argument("--gpus", type=int, default=1, help="engines side by side, one per card (default: one after another on one card)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
