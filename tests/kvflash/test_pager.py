@@ -163,6 +163,31 @@ def test_reselection_interval_grows_with_history():
     assert p.reselect_due()
 
 
+@pytest.mark.parametrize("window", [1, 2, 8])
+def test_decode_steps_want_queries_in_the_window_before_each_scoring_and_not_between(window):
+    """The worker pushes a decode step's queries only where ``wants_queries``; every eviction or reselection that
+    scores at a decode step must have had the ``window`` steps before it (this one included) pushed."""
+    scoring_steps, wanted = [], []
+
+    class Recording(LRU):
+        def scores(self, pager_, chunks):
+            scoring_steps.append(len(wanted) - 1)
+            return super().scores(pager_, chunks)
+
+    p, policy = pager(pool_chunks=8, tau_min=6), Recording()
+    for _ in range(4):  # the prompt, in steps of 10 tokens: 10 chunks through a pool of 8
+        grow(p, 10, policy)
+    scoring_steps.clear()
+    for _ in range(300):
+        wanted.append(p.wants_queries(window))
+        grow(p, 1, policy, decoded=1)
+    assert len(scoring_steps) > 20
+    for s in scoring_steps:
+        assert all(wanted[max(0, s - window + 1): s + 1]), (s, wanted[max(0, s - window + 1): s + 1])
+    if window < CHUNK - 1:  # a window shorter than a chunk skips steps between (CHUNK is 4 here, 64 by default)
+        assert wanted.count(False) > 40, wanted.count(False)
+
+
 def test_a_reselection_first_lets_the_step_before_finish_on_the_device():
     """Its scores' copy to the host waits for the device anyway; ``settle`` keeps that wait (a whole prefill chunk
     under asynchronous scheduling) out of the reselection's measured time, and runs only where one reselects."""

@@ -255,6 +255,14 @@ class RequestPager:
     def reselect_due(self) -> bool:
         return self.decoded_since_reselect >= max(self.config.tau_min, self.num_tokens // 45)
 
+    def wants_queries(self, window: int) -> bool:
+        """Whether the latest decoded token's queries can still be in the ``window`` scored next: before the first
+        reselection, within ``window`` tokens of a due one, or of the chunk boundary whose eviction scores the
+        resident chunks. Between those, a decode step's queries would be pushed out unread."""
+        due = max(self.config.tau_min, self.num_tokens // 45)
+        return (not self.stats.reselections or self.decoded_since_reselect + window >= due
+                or -self.num_tokens % self.config.chunk_tokens <= window)
+
     # -------------------------------------------------------------- internals
 
     def _truncate(self, start: int) -> None:

@@ -46,6 +46,10 @@ from vllm_luce.kvflash.settings import pager_config_from, resolve_host_bytes
 from vllm_luce.log import logger, tag
 
 
+def _always(window: int) -> bool:
+    return True
+
+
 class KVFlashRuntime:
     def __init__(self, config: PagerConfig, policy_name: str, caches: list[torch.Tensor], layout: TokenLayout,
                  head_size: int, block_size: int, max_num_reqs: int, scorer=None, reduce_max=None,
@@ -63,6 +67,7 @@ class KVFlashRuntime:
         self.max_num_reqs = max_num_reqs
         self._rows: torch.Tensor | None = None  # device [max_num_reqs]: this step's last-token rows (0 beyond)
         self._safe_rows: torch.Tensor | None = None  # the same, within the forward's token count
+        self._loaded_rows: np.ndarray | None = None  # what ``_rows`` holds
         self._first_layer: int | None = None
         self._queries: dict[int, torch.Tensor] = {}  # pooled layer -> device [max_num_reqs, q_heads, head]
         self.query_window = query_window  # tokens whose queries a reselection scores with (query_window.py)
@@ -203,26 +208,37 @@ class KVFlashRuntime:
         self._window = (to_device_async(torch.from_numpy(found[0]), device), found[1])
 
     def _load_rows(self) -> None:
-        rows = torch.zeros(self.max_num_reqs, dtype=torch.int64)
+        """This step's last-token rows into the device buffer, unless it holds them already (decode steps of the
+        same requests have the same rows)."""
         n = min(len(self.step_last_rows), self.max_num_reqs)
+        if self._loaded_rows is not None and np.array_equal(self._loaded_rows, self.step_last_rows[:n]):
+            return
+        rows = torch.zeros(self.max_num_reqs, dtype=torch.int64)
         rows[:n] = torch.from_numpy(self.step_last_rows[:n])
         self._rows.copy_(to_device_async(rows, self._rows.device))
+        self._loaded_rows = self.step_last_rows[:n].copy()
 
     def _collect_queries(self) -> None:
-        """The last step's queries into its requests' pagers (a copy: the buffers hold the next step's)."""
+        """The last step's queries into the pagers that may score them (a copy: the buffers hold the next step's).
+        A decode step's go only to pagers near a reselection or an eviction (``RequestPager.wants_queries``): the
+        stacking and copying every step was host work of every request on every step."""
         n = min(len(self.step_req_ids), self.max_num_reqs)
         if not self._queries or not n:
             return
-        stacked = torch.stack([self._queries[k][:n] for k in sorted(self._queries)], dim=1).float()  # [n, L, H, D]
-        spans, window = None, None
+        spans = None
         if self._window is not None and len(self._window_queries) == len(self._queries):
             spans = self._window[1]
-            window = torch.stack([self._window_queries[k] for k in sorted(self._queries)], dim=1).float()
-        for r, req_id in enumerate(self.step_req_ids[:n]):
-            if req_id in self.pagers:
-                first, count = spans[r] if spans is not None else (0, 0)
-                latest = window[first : first + count] if count else stacked[r : r + 1]
-                push_queries(self.pagers[req_id], latest, self.query_window)
+        wanted = [(r, self.pagers[req_id]) for r, req_id in enumerate(self.step_req_ids[:n]) if req_id in self.pagers
+                  and (spans is not None or getattr(self.pagers[req_id], "wants_queries", _always)(self.query_window))]
+        if not wanted:
+            return
+        layers = sorted(self._queries)
+        stacked = torch.stack([self._queries[k][:n] for k in layers], dim=1).float()  # [n, L, H, D]
+        window = torch.stack([self._window_queries[k] for k in layers], dim=1).float() if spans is not None else None
+        for r, pager in wanted:
+            first, count = spans[r] if spans is not None else (0, 0)
+            latest = window[first : first + count] if count else stacked[r : r + 1]
+            push_queries(pager, latest, self.query_window)
 
     def graph_buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """A tensor shaped like ``like`` at an address that stays while shapes fit (``max_num_reqs`` rows or
