@@ -25,8 +25,8 @@ Measured in each engine, every prompt distinct random token ids (no prefix cache
   that runs before vLLM adds the request; ``prefilled_tokens`` is what vLLM prefilled (the kept tokens);
 * short requests behind a long one: a ``--long``-token prompt is submitted, then after ``--delay`` seconds
   ``--shorts`` prompts of 256 tokens together; each one's TTFT from its own submission, the long one's TTFT, and
-  the scoring time PFlash reported for the long one (``vllm:luce_pflash_scoring_seconds``). Today scoring runs as
-  a worker call inside the engine core's loop, so short requests that arrive during it wait for it to end.
+  the scoring time PFlash reported for the long one (``vllm:luce_pflash_scoring_seconds``). The scoring pass runs on
+  a worker thread of its own while the engine steps, so short requests need not wait for it to end.
 
 The issue's reference for vLLM alone on an H200 (Qwen3-8B): TTFT 1.24 s at 32K and 11.3 s at 128K. Goal: PFlash
 at least 5x faster at 64K. The summary prints the speedup at each context.

@@ -315,9 +315,11 @@ LEDGER += (
             "or an engine-core error. vLLM has no plugin hook on the engine-client input path.",
         how="Applied when luce.pflash or the DFlash gate is on. Wraps add_request: request_args.check raises "
             "ValueError for a switch that is neither on nor off (vLLM's servers answer it with a 400); then, "
-            "for an eligible token prompt (PFlash on), it awaits "
-            "collective_rpc('luce_pflash_compress'), a method of the worker extension PFlash sets (pflash.worker.PFlashWorkerExtension), and passes the kept tokens to vLLM's own "
-            "add_request; any other request, or a failed scoring pass, goes through unchanged.",
+            "for an eligible token prompt (PFlash on), it starts the scoring pass in the background "
+            "(collective_rpc('luce_pflash_start'), a method of the worker extension PFlash sets, "
+            "pflash.worker.PFlashWorkerExtension), polls collective_rpc('luce_pflash_result') every 5 ms while the "
+            "engine keeps stepping, and passes the kept tokens to vLLM's own add_request; any other request, or a "
+            "failed scoring pass, goes through unchanged.",
         remove_when="vLLM offers an input-processing plugin hook (e.g. an async prompt transform) on the "
                     "engine client.",
     ),
@@ -337,7 +339,8 @@ LEDGER += (
                             'None=None) -> str'},
         module="vllm_luce.patches.llm_engine",
         why="The same as AsyncLLM.add_request, for the offline LLM API.",
-        how="The same wrapper, synchronous (collective_rpc on the LLMEngine).",
+        how="The same wrapper, synchronous: one blocking collective_rpc('luce_pflash_compress') on the LLMEngine "
+            "(the offline LLM adds its requests before it steps).",
         remove_when="As for AsyncLLM.add_request.",
     ),
     LedgerEntry(

@@ -4,6 +4,7 @@ target token ids to prefill (no vLLM import; ``worker.py`` binds it to a vLLM wo
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -52,6 +53,9 @@ class PFlashService:
             if mine.get_vocab() != target.get_vocab():
                 self.bridge = TextBridge(target, mine)
         self.load_s = time.perf_counter() - t0
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="luce-pflash")  # one scoring pass at a time
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._jobs: dict[str, tuple[Future, float]] = {}  # ticket -> (pass, when started)
 
     def describe(self) -> str:
         return (f"{self.spec.path.name} on {self.scorer.device} ({str(self.scorer.dtype)[6:]}, "
@@ -59,6 +63,10 @@ class PFlashService:
                 f"{'cross-tokenizer' if self.bridge else 'shared tokenizer'}), loaded in {self.load_s:.2f} s")
 
     def compress(self, token_ids: list[int]) -> Compressed:
+        """Compress now (the caller waits), on the service's thread like a started pass: one scorer, one thread."""
+        return self._thread.submit(self._compress_apart, list(token_ids)).result()
+
+    def _compress(self, token_ids: list[int]) -> Compressed:
         t0 = time.perf_counter()
         if self.bridge is None:
             scores = self.scorer.token_scores(token_ids)
@@ -74,3 +82,31 @@ class PFlashService:
         t2 = time.perf_counter()
         return Compressed(kept, len(token_ids), chosen.n_chunks, len(chosen.kept_chunks),
                           len(chosen.forced["anchor"]), (t1 - t0) * 1e3, (t2 - t1) * 1e3, self.bridge is not None)
+
+    def start(self, ticket: str, token_ids: list[int]) -> None:
+        """Compress ``token_ids`` on a thread of the service's own (on a GPU, on a CUDA stream of its own), so that
+        the engine goes on stepping its other requests meanwhile: a scoring pass inside the engine loop held every
+        request arriving behind a long prompt for the whole pass. ``result(ticket)`` answers."""
+        now = time.monotonic()
+        for stale in [t for t, (job, at) in self._jobs.items() if job.done() and now - at > ABANDONED_S]:
+            del self._jobs[stale]  # its client went away before asking
+        self._jobs[ticket] = (self._thread.submit(self._compress_apart, list(token_ids)), now)
+
+    def result(self, ticket: str) -> dict[str, Any]:
+        """``start``'s answer (``Compressed.as_dict``) once ready, else ``{"pending": True}``; a failed pass raises."""
+        if ticket not in self._jobs:
+            raise KeyError(f"PFlash: no scoring pass was started as {ticket!r}")
+        job = self._jobs[ticket][0]
+        if not job.done():
+            return {"pending": True}
+        del self._jobs[ticket]
+        return job.result().as_dict()
+
+    def _compress_apart(self, token_ids: list[int]) -> Compressed:
+        if self._stream is None:
+            return self._compress(token_ids)
+        with torch.cuda.stream(self._stream):  # selection reads the scores on the host: this stream is synchronised
+            return self._compress(token_ids)
+
+
+ABANDONED_S = 600.0  # a finished pass nobody asked for this long is dropped

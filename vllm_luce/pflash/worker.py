@@ -50,12 +50,34 @@ class PFlashWorkerExtension:
         service = getattr(getattr(self, "model_runner", None), "luce_pflash", None)
         if service is None:
             return None
-        try:
-            return service.compress(token_ids).as_dict()
-        except Exception as e:  # noqa: BLE001 - reported to the client side, which keeps the full prompt
-            logger.exception("%s: PFlash scoring failed; the prompt is prefilled uncompressed", tag())
-            return {"error": f"{type(e).__name__}: {e}"}
+        return _answer(lambda: service.compress(token_ids).as_dict())
+
+    def luce_pflash_start(self, ticket: str, token_ids: list[int]) -> bool | None:
+        """Start compressing in the background (``PFlashService.start``): True on rank 0, None elsewhere. The engine
+        client then polls ``luce_pflash_result`` between the engine's steps."""
+        service = getattr(getattr(self, "model_runner", None), "luce_pflash", None)
+        if service is None:
+            return None
+        service.start(ticket, token_ids)
+        return True
+
+    def luce_pflash_result(self, ticket: str) -> dict[str, Any] | None:
+        """The started pass's answer, ``{"pending": True}`` while it runs, or ``{"error": ...}``; None off rank 0."""
+        service = getattr(getattr(self, "model_runner", None), "luce_pflash", None)
+        if service is None:
+            return None
+        return _answer(lambda: service.result(ticket))
+
+
+def _answer(compute) -> dict[str, Any]:
+    try:
+        return compute()
+    except Exception as e:  # noqa: BLE001 - reported to the client side, which keeps the full prompt
+        logger.exception("%s: PFlash scoring failed; the prompt is prefilled uncompressed", tag())
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 EXTENSION = f"{PFlashWorkerExtension.__module__}.{PFlashWorkerExtension.__qualname__}"
-RPC = "luce_pflash_compress"
+RPC = "luce_pflash_compress"  # blocking (the offline LLM, which adds its requests before it steps)
+START, RESULT = "luce_pflash_start", "luce_pflash_result"  # in the background (the API server's AsyncLLM)
+POLL_S = 0.005  # the engine client asks for a started pass's answer this often
