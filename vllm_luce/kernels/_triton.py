@@ -47,6 +47,19 @@ def check_device(name: str, *tensors: torch.Tensor) -> None:
         raise ValueError(f"{name}: all tensors must be on one device, got {[str(t.device) for t in tensors]}")
 
 
+def check_key_read(name: str, caches, slots: torch.Tensor, head_dim: int) -> None:
+    """A summary kernel's inputs: float caches (fp8 caches take the torch path), non-empty 1-D integer slots, a head
+    size the kernel and the cache rows hold."""
+    if caches.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"{name}: caches must be float32, float16 or bfloat16 (fp8 caches take the torch "
+                        f"path), got {caches.dtype}")
+    if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64) or len(slots) == 0:
+        raise ValueError(f"{name}: slots must be a non-empty 1-D int32/int64 tensor, got "
+                         f"{list(slots.shape)} {slots.dtype}")
+    if not 0 < head_dim <= min(MAX_HEAD_DIM, caches.width):
+        raise ValueError(f"{name}: head size must be 1 to {min(MAX_HEAD_DIM, caches.width)}, got {head_dim}")
+
+
 def scores_out(name: str, out: torch.Tensor | None, num_chunks: int, layers: int, device: torch.device) -> torch.Tensor:
     """The [chunks, layers] float32 output of a chunk-scoring kernel: ``out`` checked, or a new tensor."""
     if out is None:

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_luce.kernels._triton import FLOAT_DTYPES, MAX_HEAD_DIM, autotune, check_device, scores_out
+from vllm_luce.kernels._triton import FLOAT_DTYPES, MAX_HEAD_DIM, autotune, check_device, check_key_read, scores_out
 from vllm_luce.kernels.chunk_copy import LayerCaches
 
 
@@ -138,16 +138,9 @@ def key_bounds(caches: LayerCaches, slots: torch.Tensor, head_dim: int, page_tok
     """[layers, pages, kv_heads, 2 (min, max), head_dim] fp8 e5m2 (``out`` if given): per page of
     ``page_tokens`` consecutive ``slots``, the element-wise min and max of each layer's keys per KV head,
     rounded outward (``key_bounds_naive``, bit for bit). One launch for all layers."""
-    if caches.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"key_bounds: caches must be float32, float16 or bfloat16 (fp8 caches take the torch "
-                        f"path), got {caches.dtype}")
-    if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64) or len(slots) == 0:
-        raise ValueError(f"key_bounds: slots must be a non-empty 1-D int32/int64 tensor, got "
-                         f"{list(slots.shape)} {slots.dtype}")
+    check_key_read("key_bounds", caches, slots, head_dim)
     if page_tokens <= 0 or len(slots) % page_tokens:
         raise ValueError(f"key_bounds: {len(slots)} slots do not split into pages of {page_tokens} tokens")
-    if not 0 < head_dim <= min(MAX_HEAD_DIM, caches.width):
-        raise ValueError(f"key_bounds: head size must be 1 to {min(MAX_HEAD_DIM, caches.width)}, got {head_dim}")
     layers, heads, pages = len(caches.caches), caches.heads, len(slots) // page_tokens
     shape = (layers, pages, heads, 2, head_dim)
     if out is None:

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_luce.kernels._triton import FLOAT_DTYPES, MAX_HEAD_DIM, autotune, check_device, scores_out
+from vllm_luce.kernels._triton import FLOAT_DTYPES, MAX_HEAD_DIM, autotune, check_device, check_key_read, scores_out
 from vllm_luce.kernels.chunk_bounds.chunk_bounds import _e5m2_bits, _e5m2_value
 from vllm_luce.kernels.chunk_copy import LayerCaches
 
@@ -115,14 +115,7 @@ def _salient_scores_kernel(
 def salient_keys(caches: LayerCaches, slots: torch.Tensor, head_dim: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """[layers, kv_heads, head_dim] fp8 e5m2 (``out`` if given): per layer and KV head, the key at ``slots``
     farthest from their mean key (``salient_keys_naive``). One launch for all layers."""
-    if caches.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"salient_keys: caches must be float32, float16 or bfloat16 (fp8 caches take the torch "
-                        f"path), got {caches.dtype}")
-    if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64) or len(slots) == 0:
-        raise ValueError(f"salient_keys: slots must be a non-empty 1-D int32/int64 tensor, got "
-                         f"{list(slots.shape)} {slots.dtype}")
-    if not 0 < head_dim <= min(MAX_HEAD_DIM, caches.width):
-        raise ValueError(f"salient_keys: head size must be 1 to {min(MAX_HEAD_DIM, caches.width)}, got {head_dim}")
+    check_key_read("salient_keys", caches, slots, head_dim)
     layers, heads = len(caches.caches), caches.heads
     shape = (layers, heads, head_dim)
     if out is None:

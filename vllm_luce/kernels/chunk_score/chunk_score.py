@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_luce.kernels._triton import FLOAT_DTYPES, MAX_HEAD_DIM, autotune, check_device, scores_out
+from vllm_luce.kernels._triton import FLOAT_DTYPES, MAX_HEAD_DIM, autotune, check_device, check_key_read, scores_out
 from vllm_luce.kernels.chunk_copy import LayerCaches
 
 
@@ -117,14 +117,7 @@ def key_means(caches: LayerCaches, slots: torch.Tensor, head_dim: int, out: torc
     """[layers, kv_heads, head_dim] fp32 (``out`` if given): the mean over ``slots`` of each layer's keys,
     the first ``head_dim`` elements of each head's ``[K, V]`` row (``key_means_naive``). One launch for all
     layers."""
-    if caches.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"key_means: caches must be float32, float16 or bfloat16 (fp8 caches take the torch "
-                        f"path), got {caches.dtype}")
-    if slots.dim() != 1 or slots.dtype not in (torch.int32, torch.int64) or len(slots) == 0:
-        raise ValueError(f"key_means: slots must be a non-empty 1-D int32/int64 tensor, got "
-                         f"{list(slots.shape)} {slots.dtype}")
-    if not 0 < head_dim <= min(MAX_HEAD_DIM, caches.width):
-        raise ValueError(f"key_means: head size must be 1 to {min(MAX_HEAD_DIM, caches.width)}, got {head_dim}")
+    check_key_read("key_means", caches, slots, head_dim)
     layers, heads = len(caches.caches), caches.heads
     if out is None:
         out = torch.empty(layers, heads, head_dim, dtype=torch.float32, device=caches.device)
