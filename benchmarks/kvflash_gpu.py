@@ -241,12 +241,14 @@ async def measure(engine, spec: dict, note) -> dict:
         note(contexts=contexts)
         print(f"[{spec['mode']}] context {n}: {row['step_ms']} ms a step", flush=True)
     profile = None
-    if m.get("profile"):  # a separate window (the profiler slows steps): where a decode step's time goes
+    if m.get("profile"):  # a separate window (the profilers slow steps): the prompt's prefill, then decode steps
         n = m["contexts"][min(1, len(m["contexts"]) - 1)]
         await engine.collective_rpc(profiler_start)
+        await engine.collective_rpc(python_profiler_start)
         row = await decode_window(engine, [G.random_prompt(n, n + 1)], m["profile"], f"profile{n}", max_len)
-        profile = {"context": n, "steps": m["profile"], "step_ms_profiled": row["step_ms"],
-                   **(await engine.collective_rpc(profiler_stop, args=(30,)))[0]}
+        profile = {"context": n, "steps": m["profile"], "step_ms_profiled": row["step_ms"], "ttft_s": row["ttft_s"],
+                   **(await engine.collective_rpc(profiler_stop, args=(30,)))[0],
+                   "python": (await engine.collective_rpc(python_profiler_stop, args=(60,)))[0]}
         note(profile=profile)
         print(f"[{spec['mode']}] profiled {m['profile']} steps at {n}", flush=True)
 
@@ -367,9 +369,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/luce-bench/kvflash"), help="engine logs and specs")
     ap.add_argument("--models", type=Path, default=Path("/tmp/luce-bench/models"), help="config-only checkpoints")
     ap.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                    help="also profile STEPS decode steps at the second context, and after the batch's window STEPS "
-                         "more (torch profiler) and STEPS more (cProfile of the engine core's thread): top ops and "
-                         "Python functions in the JSON")
+                    help="also profile a prompt of the second context and STEPS decode steps after it (torch "
+                         "profiler and cProfile of the engine core's thread), and after the batch's window STEPS more "
+                         "(torch) and STEPS more (cProfile): top ops and Python functions in the JSON")
     ap.add_argument("--gpus", type=int, default=1, help="engines side by side, one per card (default: one after another on one card)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
