@@ -201,6 +201,8 @@ HOOKS: tuple[Hook, ...] = (
          "KVFlash", "V2: the pooled group's row of slots from the pagers"),
     _row(REBINDING, "vllm.v1.worker.gpu.model_runner:GPUModelRunner.finish_requests", f"{KV}.worker_v2:bind_v2",
          "KVFlash", "V2: finished and preempted requests release their pagers"),
+    _row(REBINDING, "vllm.v1.worker.gpu.model_runner:GPUModelRunner.prepare_attn", f"{KV}.worker_v2:bind_v2",
+         "KVFlash", "V2: the step's InputBatch noted, whose host mirrors the pooled slot mapping reads"),
     _row(SETTING, "vllm.config.speculative:SpeculativeConfig.num_speculative_tokens_per_batch_size",
          f"{SD}.plain_steps:set_graph_table", "DFlash",
          "V2 on CUDA: draft lengths K and 0, so vLLM captures one-token decode graphs for the gate's plain steps"),

@@ -26,6 +26,13 @@ def test_v2_signatures_are_the_ones_bound():
     assert str(inspect.signature(BlockTables.append_block_ids)) == (
         "(self, req_index: int, new_block_ids: tuple[list[int], ...], overwrite: bool) -> None")
     assert "scheduler_output" in inspect.signature(GPUModelRunner.finish_requests).parameters
+    assert list(inspect.signature(GPUModelRunner.prepare_attn).parameters) == ["self", "input_batch"]
+    from dataclasses import fields
+
+    from vllm.v1.worker.gpu.input_batch import InputBatch
+
+    assert {"req_ids", "num_reqs", "idx_mapping", "idx_mapping_np", "query_start_loc_np",
+            "num_computed_tokens_np"} <= {f.name for f in fields(InputBatch)}
 
 
 class FakeBlockTables:
@@ -60,6 +67,8 @@ def fake_runner():
         req_states=SimpleNamespace(index_to_req_id={2: "r"}, req_id_to_index={"r": 2},
                                    prompt_len=SimpleNamespace(np=np.array([0, 0, 4000, 0]))),
         finish_requests=lambda out: finished.append(out),
+        prepare_attn=lambda input_batch: runner.block_tables.compute_slot_mappings(
+            input_batch.idx_mapping, input_batch.query_start_loc, input_batch.positions, input_batch.num_tokens),
         vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
                                     model_config=SimpleNamespace(served_model_name="tiny")),
     )
@@ -103,6 +112,34 @@ def test_v2_binding_maps_pooled_slots_inside_the_request_blocks_and_releases():
     assert built.seq_lens.tolist() == [pager.resident_tokens()] and built.max_seq_len == pager.resident_tokens()
     runner.finish_requests(SimpleNamespace(finished_req_ids={"r"}, preempted_req_ids=None))
     assert finished and not runtime.pagers and runtime.released.page_outs > 0
+
+
+class DeviceOnly(torch.Tensor):
+    """A device tensor as the host sees it: reading it back (``.cpu()``) would wait for the step in flight."""
+
+    def cpu(self, *args, **kwargs):
+        raise AssertionError("read back from the device")
+
+
+def test_v2_steps_read_the_input_batchs_host_mirrors_not_the_device():
+    """A step's slot mapping comes from the InputBatch's host mirrors (request ids, query starts, computed tokens):
+    reading V2's device tensors back made every step wait for the one before it on the GPU."""
+    from vllm_luce.kvflash.worker_v2 import bind_v2
+
+    runner, _ = fake_runner()
+    runtime = bind_v2(runner, LuceConfig.from_sources({"luce": {"kvflash": {"pool_tokens": POOL, "policy": "lru"}}}, {}))
+    runner.block_tables.append_block_ids(2, ([1], [9, 4, 12]), overwrite=False)
+    by_device = {}
+    for start, n in ((0, 200), (200, 100), (300, 1)):
+        batch = SimpleNamespace(
+            req_ids=["r"], num_reqs=1, idx_mapping=torch.tensor([2]).as_subclass(DeviceOnly), idx_mapping_np=np.array([2]),
+            query_start_loc=torch.tensor([0, n], dtype=torch.int32).as_subclass(DeviceOnly),
+            query_start_loc_np=np.array([0, n], dtype=np.int32), num_computed_tokens_np=np.array([start], dtype=np.int32),
+            positions=torch.arange(start, start + n).as_subclass(DeviceOnly), num_tokens=n)
+        slots = runner.prepare_attn(batch)[1]
+        by_device[start] = slots.as_subclass(torch.Tensor).tolist()
+    assert by_device[0] == [9 * BS + p if p < BS else 4 * BS + p - BS for p in range(200)]
+    assert runtime.pagers["r"].num_tokens == 301 and set(s // BS for s in by_device[300]) <= {9, 4, 12}
 
 
 def test_v2_binding_with_sfi_keeps_vllms_slots_and_starts_fast_rows_at_the_selection():

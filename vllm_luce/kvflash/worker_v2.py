@@ -4,7 +4,10 @@ in 0.33). Same ``KVFlashRuntime`` as V1; V2's objects differ:
 * block ids arrive through ``BlockTables.append_block_ids(req_index, new_block_ids, overwrite)``
   (staged for the GPU); the pooled group's rows are mirrored here on the host for the pagers;
 * ``BlockTables.compute_slot_mappings`` returns ``[groups, tokens]``; the pooled group's row is
-  replaced by the pagers' slots (rows are batch order through ``idx_mapping``);
+  replaced by the pagers' slots (rows are batch order through ``idx_mapping``). It is handed device
+  tensors only; the step's ``InputBatch`` (noted as ``prepare_attn`` receives it) holds their host
+  mirrors, so the step need not wait for the device (without a speculator, whose drafts make V2's
+  host counts an upper bound, each request's first position is its computed-token count);
 * finished and preempted requests come through ``finish_requests(scheduler_output)``.
 Attention metadata builders and query capture are bound as in V1.
 
@@ -19,6 +22,7 @@ import torch
 
 from vllm_luce import hooks
 from vllm_luce.kvflash.cache_layout import cache_layout
+from vllm_luce.kvflash.kv_store import to_device_async
 from vllm_luce.kvflash.settings import pager_config_from
 from vllm_luce.kvflash.worker import (KVFlashRuntime, _capture_queries, _PooledBuilder, _tp_reduce_max,
                                       first_positions, local_query_heads, pooled_group, runtime_options)
@@ -38,30 +42,47 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
                              group.kv_cache_spec.head_size, block_tables.block_sizes[gid],
                              block_tables.max_num_reqs, reduce_max=_tp_reduce_max(),
                              **runtime_options(runner.vllm_config, luce))
-    rows: dict[int, list[int]] = {}
+    rows: dict[int, np.ndarray] = {}
+    empty = np.zeros(0, dtype=np.int64)
     append_block_ids = block_tables.append_block_ids
 
     def append_block_ids_mirrored(req_index, new_block_ids, overwrite):
         append_block_ids(req_index, new_block_ids, overwrite)
-        row = [] if overwrite else rows.get(req_index, [])
-        rows[req_index] = row + list(new_block_ids[gid])
+        row = empty if overwrite else rows.get(req_index, empty)
+        rows[req_index] = np.concatenate([row, np.asarray(new_block_ids[gid], dtype=np.int64)])
+
+    noted: dict = {}  # the step's InputBatch while prepare_attn runs
+    prepare_attn = runner.prepare_attn
+
+    def prepare_attn_noting(input_batch):
+        noted["batch"] = input_batch
+        try:
+            return prepare_attn(input_batch)
+        finally:
+            noted.clear()
 
     compute_slot_mappings = block_tables.compute_slot_mappings
 
     def compute_slot_mappings_pooled(idx_mapping, query_start_loc, positions, num_tokens_padded, out=None):
         slot_mappings = compute_slot_mappings(idx_mapping, query_start_loc, positions, num_tokens_padded, out)
-        req_indices = idx_mapping.cpu().numpy()
-        req_ids = [runner.req_states.index_to_req_id[int(i)] for i in req_indices]
-        width = max((len(rows.get(int(i), ())) for i in req_indices), default=0)
-        table = np.zeros((len(req_indices), max(width, 1)), dtype=np.int64)
-        counts = np.zeros(len(req_indices), dtype=np.int64)
-        for r, i in enumerate(req_indices):
-            row = rows.get(int(i), [])
-            table[r, : len(row)], counts[r] = row, len(row)
-        qsl = query_start_loc.cpu().numpy()
-        slots = runtime.plan(req_ids, qsl, first_positions(qsl, positions), table, counts,
-                             runner.req_states.prompt_len.np[req_indices])
-        slot_mappings[gid, : len(slots)] = torch.from_numpy(slots).to(slot_mappings.device)
+        batch = noted.get("batch")
+        if batch is not None and batch.idx_mapping is idx_mapping:  # host mirrors: no wait for the device
+            req_indices, req_ids = batch.idx_mapping_np[: batch.num_reqs], list(batch.req_ids[: batch.num_reqs])
+            qsl = batch.query_start_loc_np
+            exact = getattr(runner, "speculator", None) is None
+            starts = batch.num_computed_tokens_np[: batch.num_reqs] if exact else first_positions(qsl, positions)
+        else:  # reading the device's copies waits for the step in flight
+            req_indices = idx_mapping.cpu().numpy()
+            req_ids = [runner.req_states.index_to_req_id[int(i)] for i in req_indices]
+            qsl = query_start_loc.cpu().numpy()
+            starts = first_positions(qsl, positions)
+        found = [rows.get(int(i), empty) for i in req_indices]
+        counts = np.array([len(row) for row in found], dtype=np.int64)
+        table = np.zeros((len(found), max(int(counts.max(initial=0)), 1)), dtype=np.int64)
+        for r, row in enumerate(found):
+            table[r, : len(row)] = row
+        slots = runtime.plan(req_ids, qsl, starts, table, counts, runner.req_states.prompt_len.np[req_indices])
+        slot_mappings[gid, : len(slots)].copy_(to_device_async(torch.from_numpy(slots), slot_mappings.device))
         return slot_mappings
 
     finish_requests = runner.finish_requests
@@ -79,6 +100,7 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
     hooks.bind("vllm.v1.worker.gpu.block_table:BlockTables.compute_slot_mappings", block_tables,
                compute_slot_mappings_pooled)
     hooks.bind("vllm.v1.worker.gpu.model_runner:GPUModelRunner.finish_requests", runner, finish_requests_releasing)
+    hooks.bind("vllm.v1.worker.gpu.model_runner:GPUModelRunner.prepare_attn", runner, prepare_attn_noting)
     for attn_group in runner.attn_groups[gid]:
         builders = [_PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
         hooks.bind("vllm.v1.worker.utils:AttentionGroup.metadata_builders", attn_group, builders)
