@@ -94,6 +94,36 @@ def test_page_out_on_the_copy_stream_survives_an_immediate_overwrite():
     s.synchronize()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="side-stream host copies need a CUDA device")
+def test_page_ins_on_their_own_stream_read_what_was_paged_out_while_pool_views_are_reused():
+    """Page-ins run on a stream of their own, after their own page-out only: the bytes that come back are the ones
+    paged out even when the host view goes back to its pool at once and the next page-out takes views (50 rounds,
+    copies still in flight, a pool of 4 chunk views)."""
+    from vllm_luce.kvflash.host_pool import PinnedChunkPool
+
+    s = PagedPoolStore([vllm_cache(512, 8, 16, 128, device="cuda") for _ in range(36)], PACKED_LAYOUT, 128, 16, 64)
+    s.row = np.random.default_rng(1).permutation(512)[:128]  # 32 chunks
+    pools = {}
+
+    def host_pool(shape, dtype):
+        if (shape, dtype) not in pools:
+            pools[shape, dtype] = PinnedChunkPool(shape, dtype, s.copy_stream, slab_bytes=4 * 36 * 2 * 64 * 8 * 128 * 2,
+                                                  background=False)
+        return pools[shape, dtype]
+
+    s.host_pool = host_pool
+    for r in range(50):
+        expected = s.read(r % 16).clone()
+        host = s.read_host(r % 16)
+        s.write(r % 16, torch.full_like(expected, float(r)))
+        s.write(16 + r % 16, host)
+        del host  # back to the pool while its page-in may still read it
+        spare = [s.read_host((r + k) % 16) for k in range(1, 4)]  # page-outs that take views again
+        assert torch.equal(s.read(16 + r % 16).view(torch.int16), expected.view(torch.int16)), r
+        del spare
+    s.synchronize()
+
+
 @pytest.mark.parametrize("layout,gpu_layout", STORES, ids=STORE_IDS)
 def test_keys_at_reads_each_chunks_keys_straight_from_the_caches(layout, gpu_layout):
     s = store(layout, gpu_layout=gpu_layout)

@@ -77,7 +77,15 @@ def to_device_async(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=None)
 def copy_stream_for(device: torch.device) -> torch.cuda.Stream:
-    """One side stream per device for every request's host copies."""
+    """One side stream per device for every request's page-outs (device to host)."""
+    return torch.cuda.Stream(device)
+
+
+@functools.lru_cache(maxsize=None)
+def load_stream_for(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for page-ins (host to device). On the page-outs' stream a page-in queued behind
+    every page-out before it, and the step waited for them all: through vLLM on an H200 a prompt-end reselection took
+    112-424 ms behind a long prompt's page-outs where its scoring and paging take about 22 ms."""
     return torch.cuda.Stream(device)
 
 
@@ -101,6 +109,7 @@ class PagedPoolStore:
         self.row: np.ndarray = np.zeros(0, dtype=np.int64)  # the request's block ids, set every step
         self.device = self.views[0].device if self.views else torch.device("cpu")
         self.copy_stream = copy_stream_for(self.device) if self.device.type == "cuda" else None
+        self.load_stream = load_stream_for(self.device) if self.device.type == "cuda" else None
         self.host_pool = None  # (shape, dtype) -> a PinnedChunkPool for page-outs (the runtime's, shared)
 
     def slots(self, offsets) -> np.ndarray:
@@ -160,6 +169,8 @@ class PagedPoolStore:
         with torch.cuda.stream(self.copy_stream):
             host.copy_(data, non_blocking=True)
         data.record_stream(self.copy_stream)  # the staging tensor outlives the copy
+        host.luce_written = torch.cuda.Event()  # a page-in of these bytes waits for this copy, not all of them
+        host.luce_written.record(self.copy_stream)
         return host
 
     def settle(self) -> None:
@@ -174,14 +185,24 @@ class PagedPoolStore:
             self.copy_stream.synchronize()
 
     def _to_device(self, data: torch.Tensor) -> torch.Tensor:
+        """Host bytes on the device, copied on the page-in stream once their own page-out has landed (the step then
+        waits for this copy only). The page-outs' stream then waits for it too: a host view goes back to its pool
+        after an event on that stream, and must not be reused while this copy still reads it."""
         if data.device == self.device:
             return data
         if self.copy_stream is None:
             return data.to(self.device)
-        with torch.cuda.stream(self.copy_stream):
+        written = getattr(data, "luce_written", None)
+        if written is not None:
+            self.load_stream.wait_event(written)
+        else:  # bytes from elsewhere: after every page-out so far
+            self.load_stream.wait_stream(self.copy_stream)
+        with torch.cuda.stream(self.load_stream):
             staged = data.to(self.device, non_blocking=True)
-        torch.cuda.current_stream(self.device).wait_stream(self.copy_stream)
-        staged.record_stream(torch.cuda.current_stream(self.device))
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(self.load_stream)
+        self.copy_stream.wait_stream(self.load_stream)
+        staged.record_stream(current)
         return staged
 
     def write(self, position: int, data: torch.Tensor) -> None:
