@@ -105,7 +105,9 @@ class PFlashService:
     def _compress_apart(self, token_ids: list[int]) -> Compressed:
         if self._stream is None:
             return self._compress(token_ids)
-        with torch.cuda.stream(self._stream):  # selection reads the scores on the host: this stream is synchronised
+        # A new thread starts on device 0: the scorer's device is set, and its stream (selection reads the scores on
+        # the host, which synchronises the stream).
+        with torch.cuda.device(self._stream.device), torch.cuda.stream(self._stream):
             return self._compress(token_ids)
 
 
