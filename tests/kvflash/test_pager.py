@@ -201,6 +201,20 @@ def test_a_reselection_first_lets_the_step_before_finish_on_the_device():
     assert settled == [0] and p.stats.reselections == 1
 
 
+def test_a_request_within_its_pool_neither_waits_for_the_device_nor_counts_a_reselection():
+    p = pager(pool_chunks=8, tau_min=4)
+    settled = []
+    p.store.settle = lambda: settled.append(p.num_tokens)
+    grow(p, 5 * CHUNK, LRU())  # 5 of 8 chunks: nothing paged out
+    for _ in range(12):
+        grow(p, 1, LRU(), decoded=1)  # the first decoded token, then every 4, would reselect
+    assert not p.host and settled == [] and p.stats.reselections == 0 and p.reselected
+    for _ in range(3):
+        grow(p, CHUNK, LRU())  # past the pool: chunks go to the host
+    grow(p, 1, LRU(), decoded=1)
+    assert p.host and p.stats.reselections == 1 and len(settled) == 1
+
+
 def test_scorer_hook_and_release():
     p = pager()
     scorer = Scorer(lambda pager_, chunks: torch.tensor([-float(c) for c in chunks]))  # prefer early chunks

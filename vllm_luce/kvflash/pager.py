@@ -162,6 +162,7 @@ class RequestPager:
     chunk_nbytes: int = 0  # bytes of one paged-out chunk (known after the first page-out)
     stats: PagerStats = field(default_factory=PagerStats)
     decoded_since_reselect: int = 0
+    reselected: bool = False  # a reselection point passed (with or without chunks to choose from)
     last_used: dict[int, int] = field(default_factory=dict)  # logical chunk -> token count when last used
     summaries: dict[int, torch.Tensor] = field(default_factory=dict)  # chunk -> [layers, kv_heads, head_dim]
     queries: torch.Tensor | None = None  # [layers, q_heads, head_dim] of the latest token(s) (query_window.py)
@@ -233,8 +234,13 @@ class RequestPager:
         self.decoded_since_reselect += decoded
         # The prompt's last token (scheduled alone) or else the first generated token reselects: the question
         # has just been read, and chunks evicted during a long prefill may be what it asks for.
-        first_decode = decoded > 0 and not self.stats.reselections
-        if prompt_end or (decoded and (first_decode or self.reselect_due())):
+        first_decode = decoded > 0 and not self.reselected
+        if (prompt_end or (decoded and (first_decode or self.reselect_due()))) and not self.host:
+            # Nothing paged out, nothing to choose: no wait for the device and no count (V2's warm-up alone ran
+            # about 1,024 such requests, which the reselection metric counted)
+            self.reselected, self.decoded_since_reselect = True, 0
+            self._relayout({})
+        elif prompt_end or (decoded and (first_decode or self.reselect_due())):
             settle = getattr(self.store, "settle", None)
             if settle is not None:  # the step before, still on the device, is not the reselection's time
                 settle()
@@ -260,7 +266,7 @@ class RequestPager:
         reselection, within ``window`` tokens of a due one, or of the chunk boundary whose eviction scores the
         resident chunks. Between those, a decode step's queries would be pushed out unread."""
         due = max(self.config.tau_min, self.num_tokens // 45)
-        return (not self.stats.reselections or self.decoded_since_reselect + window >= due
+        return (not self.reselected or self.decoded_since_reselect + window >= due
                 or -self.num_tokens % self.config.chunk_tokens <= window)
 
     # -------------------------------------------------------------- internals
@@ -314,7 +320,7 @@ class RequestPager:
 
     def _reselect(self, policy) -> list[tuple[int, int]]:
         """Swap in host chunks that outscore resident evictable ones; returns (chunk, 0) loads."""
-        self.decoded_since_reselect = 0
+        self.decoded_since_reselect, self.reselected = 0, True
         self.stats.reselections += 1
         resident, away = self.evictable(), sorted(self.host)
         if not resident or not away:

@@ -34,7 +34,7 @@ CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
     "kvflash_page_ins": ("counter", ("rank",), "Chunks paged back into the pool."),
     "kvflash_page_out_bytes": ("counter", ("rank",), "Bytes copied to host memory."),
     "kvflash_page_in_bytes": ("counter", ("rank",), "Bytes copied back from host memory."),
-    "kvflash_reselections": ("counter", ("rank",), "Relevance reselections run."),
+    "kvflash_reselections": ("counter", ("rank",), "Relevance reselections run (with paged-out chunks to choose from)."),
     "kvflash_reselection_seconds": ("counter", ("rank",), "Time spent in reselections (scoring and page-ins)."),
     "kvflash_host_budget_drops": (
         "counter", ("rank",), "Chunks dropped instead of paged out because kvflash.host_bytes was spent."),
