@@ -64,6 +64,11 @@ class PagerConfig:
                 f"luce.kvflash.pool_tokens: got {self.pool_tokens}; expected at least {self.min_pool_chunks * c} "
                 f"({self.sink_chunks} sink + {self.recent_tail_chunks} recent chunks + 1 evictable chunk of {c} tokens)")
 
+    def reselect_interval(self, num_tokens: int) -> int:
+        """Decoded tokens between two reselections (SFI: refreshes) of a request of ``num_tokens``: tau, growing
+        with the context."""
+        return max(self.tau_min, num_tokens // 45)
+
     @property
     def pool_chunks(self) -> int:
         return self.pool_tokens // self.chunk_tokens
@@ -235,12 +240,13 @@ class RequestPager:
         # The prompt's last token (scheduled alone) or else the first generated token reselects: the question
         # has just been read, and chunks evicted during a long prefill may be what it asks for.
         first_decode = decoded > 0 and not self.reselected
-        if (prompt_end or (decoded and (first_decode or self.reselect_due()))) and not self.host:
+        reselect = prompt_end or (decoded and (first_decode or self.reselect_due()))
+        if reselect and not self.host:
             # Nothing paged out, nothing to choose: no wait for the device and no count (V2's warm-up alone ran
             # about 1,024 such requests, which the reselection metric counted)
             self.reselected, self.decoded_since_reselect = True, 0
             self._relayout({})
-        elif prompt_end or (decoded and (first_decode or self.reselect_due())):
+        elif reselect:
             settle = getattr(self.store, "settle", None)
             if settle is not None:  # the step before, still on the device, is not the reselection's time
                 settle()
@@ -259,14 +265,14 @@ class RequestPager:
             self.last_used[c] = self.num_tokens
 
     def reselect_due(self) -> bool:
-        return self.decoded_since_reselect >= max(self.config.tau_min, self.num_tokens // 45)
+        return self.decoded_since_reselect >= self.config.reselect_interval(self.num_tokens)
 
     def wants_queries(self, window: int) -> bool:
         """Whether the latest decoded token's queries can still be in the ``window`` scored next: before the first
         reselection, within ``window`` tokens of a due one, or of the chunk boundary whose eviction scores the
         resident chunks. Between those, a decode step's queries would be pushed out unread."""
-        due = max(self.config.tau_min, self.num_tokens // 45)
-        return (not self.reselected or self.decoded_since_reselect + window >= due
+        reach = self.decoded_since_reselect + window
+        return (not self.reselected or reach >= self.config.reselect_interval(self.num_tokens)
                 or -self.num_tokens % self.config.chunk_tokens <= window)
 
     # -------------------------------------------------------------- internals

@@ -86,8 +86,12 @@ class RequestSelection:
         position = {c: p for p, c in enumerate(self.order)}
         return self.store.keys_at([position[c] for c in chunks])
 
+    def wants_queries(self, window: int) -> bool:
+        """Every step's queries: a slow step's choose the next selection (``RequestPager.wants_queries``'s twin)."""
+        return True
+
     def refresh_due(self) -> bool:
-        return self.decoded_since_refresh >= max(self.config.tau_min, self.num_tokens // 45)
+        return self.decoded_since_refresh >= self.config.reselect_interval(self.num_tokens)
 
     # -------------------------------------------------------------- one step
 

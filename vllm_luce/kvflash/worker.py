@@ -46,10 +46,6 @@ from vllm_luce.kvflash.settings import pager_config_from, resolve_host_bytes
 from vllm_luce.log import logger, tag
 
 
-def _always(window: int) -> bool:
-    return True
-
-
 class KVFlashRuntime:
     def __init__(self, config: PagerConfig, policy_name: str, caches: list[torch.Tensor], layout: TokenLayout,
                  head_size: int, block_size: int, max_num_reqs: int, scorer=None, reduce_max=None,
@@ -229,7 +225,7 @@ class KVFlashRuntime:
         if self._window is not None and len(self._window_queries) == len(self._queries):
             spans = self._window[1]
         wanted = [(r, self.pagers[req_id]) for r, req_id in enumerate(self.step_req_ids[:n]) if req_id in self.pagers
-                  and (spans is not None or getattr(self.pagers[req_id], "wants_queries", _always)(self.query_window))]
+                  and (spans is not None or self.pagers[req_id].wants_queries(self.query_window))]
         if not wanted:
             return
         layers = sorted(self._queries)
