@@ -47,15 +47,13 @@ class PFlashWorkerExtension:
     def luce_pflash_compress(self, token_ids: list[int]) -> dict[str, Any] | None:
         """Rank 0 answers, other ranks return None. Errors come back as {"error": ...} so a failed
         scoring pass never takes the engine down; the client then sends the prompt uncompressed."""
-        service = getattr(getattr(self, "model_runner", None), "luce_pflash", None)
-        if service is None:
-            return None
-        return _answer(lambda: service.compress(token_ids).as_dict())
+        service = _service(self)
+        return None if service is None else _answer(lambda: service.compress(token_ids).as_dict())
 
     def luce_pflash_start(self, ticket: str, token_ids: list[int]) -> bool | None:
         """Start compressing in the background (``PFlashService.start``): True on rank 0, None elsewhere. The engine
         client then polls ``luce_pflash_result`` between the engine's steps."""
-        service = getattr(getattr(self, "model_runner", None), "luce_pflash", None)
+        service = _service(self)
         if service is None:
             return None
         service.start(ticket, token_ids)
@@ -63,10 +61,13 @@ class PFlashWorkerExtension:
 
     def luce_pflash_result(self, ticket: str) -> dict[str, Any] | None:
         """The started pass's answer, ``{"pending": True}`` while it runs, or ``{"error": ...}``; None off rank 0."""
-        service = getattr(getattr(self, "model_runner", None), "luce_pflash", None)
-        if service is None:
-            return None
-        return _answer(lambda: service.result(ticket))
+        service = _service(self)
+        return None if service is None else _answer(lambda: service.result(ticket))
+
+
+def _service(worker) -> PFlashService | None:
+    """The worker's scorer service: rank 0's, None elsewhere."""
+    return getattr(getattr(worker, "model_runner", None), "luce_pflash", None)
 
 
 def _answer(compute) -> dict[str, Any]:
