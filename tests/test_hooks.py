@@ -26,8 +26,8 @@ MACHINERY = {"vllm_luce.hooks:bind", "vllm_luce.hooks:register", "vllm_luce.patc
              "vllm_luce.patches:wrap_function", "vllm_luce.patches:_AfterImport.find_spec"}
 # Local names that hold vllm-luce's own objects (attribute stores on them are no touch of vLLM).
 OWN_OBJECTS = {
-    ("vllm_luce.kvflash.worker", "store"),  # PagedPoolStore
-    ("vllm_luce.kvflash.worker", "pager"),  # RequestPager / RequestSelection
+    ("vllm_luce.kvflash.runtime", "store"),  # PagedPoolStore
+    ("vllm_luce.kvflash.runtime", "pager"),  # RequestPager / RequestSelection
     ("vllm_luce.kvflash.query_window", "pager"),  # RequestPager
     ("vllm_luce.spec_decode.gate", "r"),  # Regime
     ("vllm_luce.spec_decode.gate", "state"),  # the gate's per-request state

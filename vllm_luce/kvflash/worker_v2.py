@@ -24,8 +24,9 @@ from vllm_luce import hooks
 from vllm_luce.kvflash.cache_layout import cache_layout
 from vllm_luce.kvflash.kv_store import to_device_async
 from vllm_luce.kvflash.settings import pager_config_from
-from vllm_luce.kvflash.worker import (KVFlashRuntime, _capture_queries, _PooledBuilder, _tp_reduce_max,
-                                      first_positions, local_query_heads, pooled_group, runtime_options)
+from vllm_luce.kvflash.runtime import KVFlashRuntime
+from vllm_luce.kvflash.worker import (_capture_queries, _PooledBuilder, _tp_reduce_max, first_positions,
+                                      local_query_heads, pooled_group, runtime_options)
 from vllm_luce.log import logger, tag
 
 
