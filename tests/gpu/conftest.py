@@ -120,6 +120,19 @@ def keep_log(path: Path) -> None:
         (Path(logs) / f"{test}-{path.name}").write_text(path.read_text(errors="replace"))
 
 
+def drift_and_ties(graphs: dict, graphless: dict) -> tuple[float, list[float]]:
+    """Two runs of the same prompts: the largest difference of a sampled token's logprob while their tokens agree,
+    and, for each request whose tokens part, the smaller top-2 gap of the two runs where they part."""
+    drift, gaps = 0.0, []
+    for a, b, la, lb in zip(graphs["tokens"], graphless["tokens"], graphs["logprobs"], graphless["logprobs"]):
+        part = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+        agreed = len(a) if part is None else part
+        drift = max([drift] + [abs(la[i][0] - lb[i][0]) for i in range(agreed)])
+        if part is not None:
+            gaps.append(min(la[part][1] - la[part][2], lb[part][1] - lb[part][2]))
+    return drift, gaps
+
+
 def keep_report(name: str, report: dict) -> None:
     """A test's figures as ``$LUCE_GPU_LOGS/<name>.json`` (in the tier's logs.tgz, even when the call's limit cuts
     pytest's own report short)."""

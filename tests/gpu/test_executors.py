@@ -3,7 +3,8 @@ for each family, on each model runner where vLLM alone runs the family."""
 
 import pytest
 
-from tests.gpu.conftest import RUNNERS, TP, keep_report, llm_args, run_alone_or_skip, run_engine, side_by_side
+from tests.gpu.conftest import (RUNNERS, TP, drift_and_ties, keep_report, llm_args, run_alone_or_skip, run_engine,
+                               side_by_side)
 
 PROMPTS = ["def fibonacci(n):\n    ", "import json\n\nclass Encoder", "The quick brown fox"]
 # family -> the class that serves it with the plugin
@@ -43,8 +44,6 @@ def test_greedy_tokens_match_vllm_alone(family, runner, model_dir, tmp_path):
     assert luce["v2_runner"] == alone["v2_runner"] == (runner == "v2")
     assert luce["async_scheduling"] == alone["async_scheduling"]
     if luce["tokens"] != alone["tokens"]:  # where they part: the logprobs and top-2 gaps, for the logs
-        from tests.gpu.test_kvflash import drift_and_ties
-
         drift, gaps = drift_and_ties(luce, alone)
         keep_report(f"executors_{family}_{runner}_tp{TP}", {"drift": drift, "gaps": gaps, "luce": luce["logprobs"],
                                                             "alone": alone["logprobs"]})

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tests.gpu.conftest import RUNNERS, TP, keep_report, llm_args, run_engine, side_by_side
+from tests.gpu.conftest import RUNNERS, TP, drift_and_ties, keep_report, llm_args, run_engine, side_by_side
 
 POOL = 384  # 6 chunks of 64: the floor (1 sink + 4 recent + 1); 8x the pool fits the tiny models' 4096
 
@@ -59,19 +59,6 @@ def first_difference(a, b):
                 if x != y:
                     return rank, req, i, x[0]
     return None
-
-
-def drift_and_ties(graphs: dict, graphless: dict) -> tuple[float, list[float]]:
-    """Two runs of the same prompts: the largest difference of a sampled token's logprob while their tokens agree,
-    and, for each request whose tokens part, the smaller top-2 gap of the two runs where they part."""
-    drift, gaps = 0.0, []
-    for a, b, la, lb in zip(graphs["tokens"], graphless["tokens"], graphs["logprobs"], graphless["logprobs"]):
-        part = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        agreed = len(a) if part is None else part
-        drift = max([drift] + [abs(la[i][0] - lb[i][0]) for i in range(agreed)])
-        if part is not None:
-            gaps.append(min(la[part][1] - la[part][2], lb[part][1] - lb[part][2]))
-    return drift, gaps
 
 
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
