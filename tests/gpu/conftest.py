@@ -11,6 +11,7 @@ skips vLLM's free-memory profiling that other engines would upset); everything e
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -46,6 +47,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+_ENGINES = itertools.count()  # engines this pytest process started
+
+
 def gpu_env(plugins: bool = True, **overrides: str) -> dict:
     """The environment of a GPU engine: the caller's, less the CPU tier's settings; ``plugins=False``
     starts vLLM without vllm-luce (VLLM_PLUGINS empty)."""
@@ -56,6 +60,9 @@ def gpu_env(plugins: bool = True, **overrides: str) -> dict:
     if TP == 1 and devices > 1:  # single-GPU engines spread over the machine's cards by pytest worker
         env["CUDA_VISIBLE_DEVICES"] = str(int(worker[2:]) % devices)
     env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # LLM.apply_model sends a function to the workers
+    # Each engine's ports (vLLM scans up from VLLM_PORT) in a range of its own: two TP=2 engines started at once
+    # once drew the same free port from the OS and one failed with EADDRINUSE.
+    env.setdefault("VLLM_PORT", str(20000 + 4000 * (TP - 1) + 400 * int(worker[2:]) + 40 * (next(_ENGINES) % 10)))
     if not plugins:
         env["VLLM_PLUGINS"] = ""
     env.update(overrides)
@@ -120,17 +127,40 @@ def keep_log(path: Path) -> None:
         (Path(logs) / f"{test}-{path.name}").write_text(path.read_text(errors="replace"))
 
 
-def drift_and_ties(graphs: dict, graphless: dict) -> tuple[float, list[float]]:
+def drift_and_ties(graphs: dict, graphless: dict, upto: list | None = None) -> tuple[float, list[float]]:
     """Two runs of the same prompts: the largest difference of a sampled token's logprob while their tokens agree,
-    and, for each request whose tokens part, the smaller top-2 gap of the two runs where they part."""
+    and, for each request whose tokens part, the smaller top-2 gap of the two runs where they part. ``upto`` (per
+    request, a position or None) compares each request only before that position."""
     drift, gaps = 0.0, []
-    for a, b, la, lb in zip(graphs["tokens"], graphless["tokens"], graphs["logprobs"], graphless["logprobs"]):
-        part = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-        agreed = len(a) if part is None else part
+    for n, (a, b, la, lb) in enumerate(zip(graphs["tokens"], graphless["tokens"], graphs["logprobs"],
+                                           graphless["logprobs"])):
+        end = len(a) if upto is None or upto[n] is None else min(len(a), upto[n])
+        part = next((i for i, (x, y) in enumerate(zip(a[:end], b[:end])) if x != y), None)
+        agreed = end if part is None else part
         drift = max([drift] + [abs(la[i][0] - lb[i][0]) for i in range(agreed)])
         if part is not None:
             gaps.append(min(la[part][1] - la[part][2], lb[part][1] - lb[part][2]))
     return drift, gaps
+
+
+# Two engines compiled apart (with and without vllm-luce) round bf16 differently: where a random model's two best
+# tokens are this close, greedy decoding may take either. vLLM's own model tests allow the same
+# (check_logprobs_close: each run's token among the other's top logprobs where they part).
+TIE_GAP = 0.05
+
+
+def parts(a: dict, b: dict) -> list[dict]:
+    """Each request whose greedy tokens part between two runs (with ``logprobs`` >= 2): where, each run's top-2
+    logprob gap there, and whether it is a tie: each run's token the other's second, both gaps at most TIE_GAP."""
+    found = []
+    for req, (ta, tb) in enumerate(zip(a["tokens"], b["tokens"])):
+        i = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
+        if i is None:
+            continue
+        gaps = [run["logprobs"][req][i][1] - run["logprobs"][req][i][2] for run in (a, b)]
+        tie = ta[i] in b["top_ids"][req][i][:2] and tb[i] in a["top_ids"][req][i][:2] and max(gaps) <= TIE_GAP
+        found.append({"request": req, "position": i, "gaps": gaps, "tie": tie})
+    return found
 
 
 def keep_report(name: str, report: dict) -> None:

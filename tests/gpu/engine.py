@@ -5,7 +5,7 @@ SPEC (JSON): {"model": path, "llm": {LLM keyword arguments}, "prompts": [text or
 "rpc": ["kvflash"] (the workers' KVFlash totals; "reselections": each worker's reselections of every request,
 by engine request id: (tokens, resident before, resident after), any engine), "kvflash_probe": bool,
 "record_reselections": bool (each request's KVFlash reselections, in-process engines only), "logprobs": k (each
-position's sampled and top-k logprobs)}. OUT gets the greedy token ids, the serving
+position's sampled and top-k logprobs, and the top token ids)}. OUT gets the greedy token ids, the serving
 class, how vLLM ran (model runner, CUDA graphs, async scheduling), vLLM's spec-decode counters and the
 vllm:luce_* metrics. Nothing here sets vLLM's runtime defaults: the spec's `llm` and the caller's
 environment (VLLM_PLUGINS, VLLM_USE_V2_MODEL_RUNNER) decide.
@@ -60,6 +60,8 @@ def run(spec: dict) -> dict:
     if spec.get("logprobs"):  # per position: the sampled token's logprob, then the top ones, best first
         result["logprobs"] = [[[step[t].logprob] + sorted((lp.logprob for lp in step.values()), reverse=True)
                                for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outputs]
+        result["top_ids"] = [[sorted(step, key=lambda i, s=step: -s[i].logprob) for step in o.outputs[0].logprobs]
+                             for o in outputs]  # per position: the top token ids, best first
     if "kvflash" in spec.get("rpc", ()):
         result["kvflash"] = llm.collective_rpc(_kvflash_report)
     if "reselections" in spec.get("rpc", ()):

@@ -1,10 +1,12 @@
 """Luce executors on the GPU through vLLM's defaults: greedy parity with vLLM alone (VLLM_PLUGINS empty)
-for each family, on each model runner where vLLM alone runs the family."""
+for each family, on each model runner where vLLM alone runs the family. The two engines compile apart, so the
+random models' tokens may part where their two best are tied within bf16's rounding (conftest.parts), and
+nowhere else."""
 
 import pytest
 
-from tests.gpu.conftest import (RUNNERS, TP, drift_and_ties, keep_report, llm_args, run_alone_or_skip, run_engine,
-                               side_by_side)
+from tests.gpu.conftest import (RUNNERS, TP, drift_and_ties, keep_report, llm_args, parts, run_alone_or_skip,
+                               run_engine, side_by_side)
 
 PROMPTS = ["def fibonacci(n):\n    ", "import json\n\nclass Encoder", "The quick brown fox"]
 # family -> the class that serves it with the plugin
@@ -43,8 +45,9 @@ def test_greedy_tokens_match_vllm_alone(family, runner, model_dir, tmp_path):
     assert luce["cudagraph_mode"] != "NONE" and not luce["enforce_eager"], luce
     assert luce["v2_runner"] == alone["v2_runner"] == (runner == "v2")
     assert luce["async_scheduling"] == alone["async_scheduling"]
-    if luce["tokens"] != alone["tokens"]:  # where they part: the logprobs and top-2 gaps, for the logs
-        drift, gaps = drift_and_ties(luce, alone)
-        keep_report(f"executors_{family}_{runner}_tp{TP}", {"drift": drift, "gaps": gaps, "luce": luce["logprobs"],
+    parted = parts(luce, alone)  # greedy parity up to a bf16 tie (TIE_GAP), as vLLM's model tests
+    if parted:
+        drift, _ = drift_and_ties(luce, alone)
+        keep_report(f"executors_{family}_{runner}_tp{TP}", {"parts": parted, "drift": drift, "luce": luce["logprobs"],
                                                             "alone": alone["logprobs"]})
-    assert luce["tokens"] == alone["tokens"]
+    assert all(p["tie"] for p in parted), parted
