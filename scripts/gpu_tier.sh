@@ -11,7 +11,8 @@ export LUCE_TEST_FIXTURES=${LUCE_TEST_FIXTURES:-/tmp/luce-fixtures} LUCE_GPU_LOG
 export TOKENIZERS_PARALLELISM=false
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$RESULTS/device.txt"
 python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" | tee -a "$RESULTS/device.txt"
-git log -1 --format='commit %H %cd' 2>/dev/null | tee -a "$RESULTS/device.txt"
+if [ -n "${LUCE_GIT_COMMIT:-}" ]; then echo "commit $LUCE_GIT_COMMIT" | tee -a "$RESULTS/device.txt"  # a copy without .git
+else git log -1 --format='commit %H %cd' 2>/dev/null | tee -a "$RESULTS/device.txt"; fi
 status=0
 timeout "${LUCE_GPU_TIMEOUT:-520}" python3 -m pytest tests/gpu -v -rA -p no:cacheprovider -p no:benchmark --junitxml="$RESULTS/junit.xml" \
   -n "${LUCE_GPU_WORKERS:-4}" "$@" 2>&1 | tee "$RESULTS/pytest.log" || status=$?
