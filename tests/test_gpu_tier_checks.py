@@ -1,7 +1,7 @@
 """The GPU tier's comparisons of two runs (tests/gpu is skipped without CUDA; these decide its verdicts)."""
 
 from tests.gpu.conftest import TIE_GAP, drift_and_ties, parts
-from tests.gpu.test_kvflash import selections_part
+from tests.gpu.test_kvflash import SCORE_TOLERANCE, compare_selections
 
 
 def run(tokens, logprobs, top_ids=None):
@@ -30,9 +30,15 @@ def test_drift_stops_where_asked():
     assert abs(drift - 0.01) < 1e-9 and gaps == []
 
 
-def test_selections_part_finds_the_earliest_rank_and_the_chunks_swapped():
-    same = [100, [0], [0, 1, 2]]
-    graphs = [[[same, [170, [0, 1, 2], [0, 1, 3]]]], [[same, [140, [0, 1, 2], [0, 4, 5]]]]]
-    graphless = [[[same, [170, [0, 1, 2], [0, 1, 4]]]], [[same, [140, [0, 1, 2], [0, 1, 2]]]]]
-    assert selections_part(graphs, graphless, [100]) == [{"position": 40, "rank": 1, "swapped": 2}]
-    assert selections_part(graphs, graphs, [100]) == [None]
+def test_compare_selections_stops_at_the_part_and_measures_scores_until_then():
+    scores = {"1": 2.0, "2": 1.0, "3": 0.5}
+    near = {"1": 1.98, "2": 1.0, "3": 0.5}
+    graphs = [[[[100, [0], [0, 1], scores], [172, [0, 1], [0, 2], scores], [244, [0, 2], [0, 3], scores]]]]
+    graphless = [[[[100, [0], [0, 1], near], [172, [0, 1], [0, 3], near], [244, [0, 3], [0, 2], {"1": -9.0}]]]]
+    (found,) = compare_selections(graphs, graphless, [100])
+    assert found["position"] == 72 and found["decode_time"] and abs(found["score_error"] - 0.01) < 1e-9
+    (same,) = compare_selections(graphs, graphs, [100])
+    assert same == {"position": None, "score_error": 0.0, "decode_time": True}
+    stale = [[[[100, [0], [0, 1], {"1": 2.0, "2": 1.0, "3": 0.5}]]]]
+    (prompt_end_only,) = compare_selections(stale, [[[[100, [0], [0, 1], {"1": 0.1, "2": 1.0, "3": 0.5}]]]], [100])
+    assert prompt_end_only["score_error"] > SCORE_TOLERANCE and not prompt_end_only["decode_time"]

@@ -2,8 +2,8 @@
 
 SPEC (JSON): {"model": path, "llm": {LLM keyword arguments}, "prompts": [text or token-id lists],
 "max_tokens": n, "xargs": [each prompt's vllm_xargs or null], "predictable": bool (register the test-only drafter class; in-process engines only),
-"rpc": ["kvflash"] (the workers' KVFlash totals; "reselections": each worker's reselections of every request,
-by engine request id: (tokens, resident before, resident after), any engine), "kvflash_probe": bool,
+"rpc": ["kvflash"] (the workers' KVFlash totals; "reselections": each worker's reselections of every request:
+(tokens, resident before, resident after, {chunk: score}), any engine), "kvflash_probe": bool,
 "record_reselections": bool (each request's KVFlash reselections, in-process engines only), "logprobs": k (each
 position's sampled and top-k logprobs, and the top token ids)}. OUT gets the greedy token ids, the serving
 class, how vLLM ran (model runner, CUDA graphs, async scheduling), vLLM's spec-decode counters and the
@@ -99,16 +99,46 @@ _RECORDING: dict = {}
 
 
 def _start_recording(worker) -> None:
-    """In each worker: ``fixtures.reask.record_reselections`` until ``_recorded``."""
-    from fixtures.reask import record_reselections
+    """In each worker, until ``_recorded``: every KVFlash reselection's (tokens, resident before, resident after,
+    {chunk: the policy's score}) by engine request id."""
+    from collections import defaultdict
 
-    _RECORDING["context"] = record_reselections()
-    _RECORDING["events"] = _RECORDING["context"].__enter__()
+    import torch
+
+    from vllm_luce.kvflash.pager import RequestPager
+
+    events, original = defaultdict(list), RequestPager._reselect
+
+    class Scored:
+        """The policy, keeping the scores it gives."""
+
+        def __init__(self, policy):
+            self.policy, self.scored = policy, {}
+
+        def __getattr__(self, name):
+            return getattr(self.policy, name)
+
+        def scores(self, pager, chunks):
+            found = self.policy.scores(pager, chunks)
+            self.scored.update(zip(chunks, torch.as_tensor(found, dtype=torch.float32).tolist()))
+            return found
+
+    def recording(self, policy):
+        before, scored = sorted(self.resident), Scored(policy)
+        loads = original(self, scored)
+        events[self.req_id].append((self.num_tokens, before, sorted(self.resident), scored.scored))
+        return loads
+
+    RequestPager._reselect = recording
+    _RECORDING.update(events=events, original=original)
 
 
 def _recorded(worker) -> dict:
-    _RECORDING.pop("context").__exit__(None, None, None)
-    return {req: [(t, sorted(b), sorted(a)) for t, b, a in found] for req, found in _RECORDING.pop("events").items()}
+    from vllm_luce.kvflash.pager import RequestPager
+
+    RequestPager._reselect = _RECORDING.pop("original")
+    return {req: [(t, b, a, {str(c): s for c, s in scored.items()}) for t, b, a, scored in found]
+            for req, found in _RECORDING.pop("events").items()}
 
 
 def _kvflash_report(worker) -> dict:
