@@ -3,6 +3,7 @@ the pool completes while the scheduler holds at most the pool's blocks; paging i
 cache; on both model runners (the tiny Laguna: 3 sliding + 1 pooled full-attention layer)."""
 
 import random
+import statistics
 
 import pytest
 
@@ -51,21 +52,25 @@ def test_hybrid_target_with_kvflash_completes_a_long_prompt(trained_hybrid, tmp_
     assert len(out["tokens"][0]) == 32 and all(r["bound"] for r in out["kvflash"]), out["kvflash"]
 
 
-# A graph that captured another token's queries scores chunks unrelated to the graphless run's: far outside this.
-SCORE_TOLERANCE = 0.1  # of the largest score's magnitude
+# The median over chunks of a reselection's score difference between the runs, over the largest score's magnitude.
+# Rounding moves it little, though it can move a few chunks' scores far: a rounding can change which key of a
+# chunk is its salient one (offline, bf16-ulp noise on queries and keys: medians <= 0.4%, up to 4% of chunks off
+# by over 10%). Queries of an unrelated token moved the median 11% or more.
+SCORE_TOLERANCE = 0.03
 
 
 def compare_selections(graphs, graphless, prompt_tokens):
     """Two runs' recorded reselections (rank 0's, per request: (tokens, resident before, after, {chunk: score})),
     per request: up to where their selections part (``position``: the first output both runs' chunks no longer
-    agree for; None if they never part), the largest score difference of a chunk at each reselection up to and
+    agree for; None if they never part), the largest of the median score differences of the reselections up to and
     with that one (the runs read the same context until then), and whether one of them came after the prompt end."""
     found = []
     for events_a, events_b, n in zip(graphs[0], graphless[0], prompt_tokens):
         position, errors, decode_time = None, [], False
         for (t, _, after, sa), (_, _, after_b, sb) in zip(events_a, events_b):
             scale = max([1e-6] + [abs(v) for v in sa.values()])
-            errors.append(max([0.0] + [abs(sa[c] - sb[c]) / scale for c in sa.keys() & sb.keys()]))
+            differences = [abs(sa[c] - sb[c]) / scale for c in sa.keys() & sb.keys()]
+            errors.append(statistics.median(differences) if differences else 0.0)
             decode_time |= t > n
             if after != after_b:
                 position = t - n
