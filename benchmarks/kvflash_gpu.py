@@ -149,7 +149,7 @@ def kvflash_report(worker) -> dict:
         return {"bound": False}
     return {"bound": True, "pool_tokens": runtime.config.pool_tokens, "live_requests": len(runtime.pagers),
             "host_bytes": runtime.host_bytes(), "host_budget": runtime.host_budget,
-            "host_pinned_bytes": runtime.pinned_bytes(),
+            "host_pinned_bytes": runtime.pinned_bytes(), "pageable_page_outs": runtime.pageable_page_outs(),
             "resident_tokens": [p.resident_tokens() for p in runtime.pagers.values()], **runtime.stats()}
 
 

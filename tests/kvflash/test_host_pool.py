@@ -57,11 +57,28 @@ def test_a_returned_view_waits_for_its_copy_event():
     assert first in {v.data_ptr() for v in held} and len(p.slabs) == 2
 
 
-def test_the_background_thread_pins_the_next_slab_ahead():
-    p = pool()
-    views = [p.take() for _ in range(3)]  # 1 free of 4: below half a slab
+def wait_for_slabs(p: PinnedChunkPool, n: int) -> None:
     for _ in range(200):
-        if len(p.slabs) == 2:
-            break
+        if len(p.slabs) == n:
+            return
         time.sleep(0.01)
-    assert len(p.slabs) == 2 and p.grown_in_background == 1 and len(views) == 3
+
+
+def test_the_background_thread_pins_the_first_slab_on_a_miss_and_the_next_ahead():
+    p = pool()
+    assert p.take() is None and p.misses == 1  # the runtime's warm-up takes this miss at startup
+    wait_for_slabs(p, 1)
+    views = [p.take() for _ in range(3)]  # 1 free of 4: below half a slab
+    wait_for_slabs(p, 2)
+    assert len(p.slabs) == 2 and p.grown_in_background == 2 and all(v is not None for v in views) and p.misses == 1
+
+
+def test_with_the_background_thread_a_take_never_waits_for_pinning():
+    p, pinned = pool(), []
+    p._grow_in_background = lambda: pinned.append(True)  # the thread is late: nothing is pinned yet
+    p._add_slab(p._new_slab())
+    views = [p.take() for _ in range(4)]
+    assert all(v is not None for v in views) and p.take() is None and p.misses == 1
+    assert len(p.slabs) == 1 and p.grown_on_demand == 0 and pinned  # asked the thread for the next slab
+    p._add_slab(p._new_slab())  # the thread's slab lands
+    assert p.take() is not None and p.misses == 1

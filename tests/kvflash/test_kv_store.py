@@ -124,6 +124,29 @@ def test_page_ins_on_their_own_stream_read_what_was_paged_out_while_pool_views_a
     s.synchronize()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="side-stream host copies need a CUDA device")
+def test_a_page_out_without_a_free_pinned_view_goes_to_pageable_memory_bit_exact():
+    """While the pool pins its next slab, a page-out copies to pageable memory at once; the bytes page back in."""
+    s = PagedPoolStore([vllm_cache(512, 8, 16, 128, device="cuda") for _ in range(4)], PACKED_LAYOUT, 128, 16, 64)
+    s.row = np.random.default_rng(2).permutation(512)[:128]
+
+    class Empty:
+        misses = 0
+
+        def take(self):
+            self.misses += 1
+            return None
+
+    empty = Empty()
+    s.host_pool = lambda shape, dtype: empty
+    expected = s.read(3).clone()
+    host = s.read_host(3)
+    assert not host.is_pinned() and empty.misses == 1
+    s.write(3, torch.zeros_like(expected))
+    s.write(5, host)
+    assert torch.equal(s.read(5).view(torch.int16), expected.view(torch.int16))
+
+
 @pytest.mark.parametrize("layout,gpu_layout", STORES, ids=STORE_IDS)
 def test_keys_at_reads_each_chunks_keys_straight_from_the_caches(layout, gpu_layout):
     s = store(layout, gpu_layout=gpu_layout)

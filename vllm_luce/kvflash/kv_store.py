@@ -165,9 +165,12 @@ class PagedPoolStore:
             return data
         pool = self.host_pool(tuple(data.shape), data.dtype) if self.host_pool is not None else None
         host = pool.take() if pool is not None else torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
+        pinned = host is not None
+        if not pinned:  # the pool is pinning its next slab: pageable memory, copied now (host_pool.py)
+            host = torch.empty(data.shape, dtype=data.dtype)
         self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.copy_stream):
-            host.copy_(data, non_blocking=True)
+            host.copy_(data, non_blocking=pinned)
         data.record_stream(self.copy_stream)  # the staging tensor outlives the copy
         host.luce_written = torch.cuda.Event()  # a page-in of these bytes waits for this copy, not all of them
         host.luce_written.record(self.copy_stream)

@@ -96,7 +96,7 @@ class KVFlashRuntime:
         """On a GPU, at startup: page one chunk of vLLM's null block (block 0) out and back in, and summarise and
         score it as the policy does (``q_heads``: this rank's query heads), so that the first long prompt neither
         compiles the paging and scoring kernels (vLLM's JIT monitor caught the salient kernel compiling on the
-        first request) nor pins the first host slab."""
+        first request) nor waits for the first host slab, which this page-out starts pinning (``host_pool.py``)."""
         if not self.caches or self.caches[0].device.type != "cuda" or self.selection == "sfi":
             return
         store = self._new_store()
@@ -264,6 +264,10 @@ class KVFlashRuntime:
     def pinned_bytes(self) -> int:
         """Host memory pinned for page-outs: the pools' slabs, in use or kept for later requests."""
         return sum(pool.pinned_bytes for pool in self._host_pools.values())
+
+    def pageable_page_outs(self) -> int:
+        """Page-outs that went to pageable memory while the pools pinned their next slab (``host_pool.py``)."""
+        return sum(pool.misses for pool in self._host_pools.values())
 
     def stats(self) -> dict[str, float]:
         keys = ("page_outs", "page_ins", "bytes_out", "bytes_in", "moves", "reselections", "dropped", "reselect_s",
