@@ -111,3 +111,28 @@ def test_salient_summary_is_the_key_farthest_from_the_mean_and_scores_by_its_bes
     scores = Salient().scores(pager, [0, 1])
     assert scores.tolist() == [1.0, 0.0]  # max(2 * 1, -1 * -2) / sqrt(4); the empty chunk scores 0
     assert isinstance(Salient(), QK) and Salient.name == "salient"
+
+
+def test_salient_scores_without_the_rotated_dims_where_only_part_of_the_head_rotates():
+    near = torch.tensor([[[4.0, 0, 0, 1.0]]]).to(torch.float8_e5m2)  # [layers, kv_heads, head]: a position match
+    far = torch.tensor([[[0.0, 0, 0, 2.0]]]).to(torch.float8_e5m2)  # what the query asks for
+    pager = SimpleNamespace(queries=torch.tensor([[[1.0, 0, 0, 1.0]]]), summaries={0: near, 1: far})
+    assert Salient().scores(pager, [0, 1]).tolist() == [2.5, 1.0]  # (4 + 1) / 2 and 2 / 2
+    assert Salient(rope_dims=2).scores(pager, [0, 1]).tolist() == [0.5, 1.0]
+    assert pager.queries[0, 0, 0] == 1.0  # the pager's queries are left as they were
+    assert make_policy("salient", rope_dims=2).rope_dims == 2
+
+
+def test_rope_dims_are_the_pooled_layers_rotated_dims_when_they_rotate_part_of_the_head():
+    from types import SimpleNamespace as NS
+
+    from vllm_luce.kvflash.worker import rope_dims
+
+    def model(*rotaries):
+        modules = {f"layers.{i}.attn": NS(rotary_emb=r) for i, r in enumerate(rotaries)}
+        return NS(named_modules=lambda: modules.items()), [f"layers.{i}.attn.attn" for i in range(len(rotaries))]
+
+    assert rope_dims(*model(NS(rotary_dim=16, head_size=64), NS(rotary_dim=16, head_size=64))) == 16
+    assert rope_dims(*model(NS(rotary_dim=64, head_size=64))) == 0  # the whole head rotates
+    assert rope_dims(*model(NS(rotary_dim=16, head_size=64), NS(rotary_dim=32, head_size=64))) == 0
+    assert rope_dims(*model(None)) == 0  # no rotary embedding found

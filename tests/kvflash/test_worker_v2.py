@@ -67,6 +67,7 @@ def fake_runner():
         req_states=SimpleNamespace(index_to_req_id={2: "r"}, req_id_to_index={"r": 2},
                                    prompt_len=SimpleNamespace(np=np.array([0, 0, 4000, 0]))),
         finish_requests=lambda out: finished.append(out),
+        get_model=lambda: torch.nn.Module(),  # no rotary embedding: the salient policy scores every dim
         prepare_attn=lambda input_batch: runner.block_tables.compute_slot_mappings(
             input_batch.idx_mapping, input_batch.query_start_loc, input_batch.positions, input_batch.num_tokens),
         vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),

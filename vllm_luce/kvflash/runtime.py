@@ -46,11 +46,11 @@ class KVFlashRuntime:
     def __init__(self, config: PagerConfig, policy_name: str, caches: list[torch.Tensor], layout: TokenLayout,
                  head_size: int, block_size: int, max_num_reqs: int, scorer=None, reduce_max=None,
                  host_budget: int | None = None, metric_labels: dict | None = None, selection: str = "page",
-                 query_window: int = 1):
+                 query_window: int = 1, rope_dims: int = 0):
         self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
         self.selection = selection
         self.caches = caches
-        self.policy = make_policy(policy_name, scorer, reduce_max)
+        self.policy = make_policy(policy_name, scorer, reduce_max, rope_dims)
         self.pagers: dict[str, RequestPager] = {}
         self.resident_lens = torch.zeros(max_num_reqs, dtype=torch.int32)
         self.skip_blocks = torch.zeros(max_num_reqs, dtype=torch.int64)  # SFI: leading blocks attention skips

@@ -55,7 +55,8 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
                           caches[0].shape[2])
     runtime = KVFlashRuntime(cfg, luce.kvflash.policy, caches, layout, spec.head_size, block_table.block_size,
                              runner.input_batch.max_num_reqs, scorer=_drafter_scorer(runner, luce, cfg),
-                             reduce_max=_tp_reduce_max(), **runtime_options(runner.vllm_config, luce))
+                             reduce_max=_tp_reduce_max(), rope_dims=rope_dims(runner.get_model(), group.layer_names),
+                             **runtime_options(runner.vllm_config, luce))
     _bind_slot_mapping(runner, block_table, runtime)
     for attn_group in attn_groups:
         builders = [_PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
@@ -78,6 +79,21 @@ def local_query_heads(vllm_config) -> int | None:
         return vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config)
     except Exception:  # noqa: BLE001 - a config without heads (unit tests): the warm-up skips scoring
         return None
+
+
+def rope_dims(model, layer_names) -> int:
+    """The leading head dims RoPE rotates in the pooled layers (their attention module's ``rotary_emb``) where it
+    rotates only part of each head, as Qwen3.5/3.6 do (a quarter); 0 where it rotates all of it, or the layers
+    differ. The salient policy scores without them (``policies.Salient``)."""
+    modules = dict(model.named_modules())
+    found = set()
+    for name in layer_names:
+        rotary = getattr(modules.get(name.rsplit(".", 1)[0]), "rotary_emb", None)
+        found.add((getattr(rotary, "rotary_dim", None), getattr(rotary, "head_size", None)))
+    if len(found) != 1:
+        return 0
+    ((rotated, head),) = found
+    return rotated if isinstance(rotated, int) and isinstance(head, int) and 0 < rotated < head else 0
 
 
 def runtime_options(vllm_config, luce) -> dict:
