@@ -17,6 +17,7 @@ maximum over query rows, heads and (but for qk) layers; bytes per chunk relative
 * ``bounds`` (2x): fp8 outward min/max per 16-token page, Quest's upper bound;
 * ``bounds/64`` (0.5x): the same over whole chunks;
 * ``salient`` (0.25x): the fp8 key farthest from the chunk's mean key, ``q . k``;
+* ``salient/no-rope``: the same without the head dims RoPE rotates (the fixture rotates a quarter);
 * ``exact``: the largest logit over all of the chunk's keys (no summary; SFI's ``attention``).
 This is a ranking proxy: through vLLM the queries come from a pooled prefill and the pool's recent tail is the
 prompt's; ``benchmarks/kvflash_needle.py`` measures retrieval itself.
@@ -66,7 +67,8 @@ def capture(tokens: int, seeds: int, distractors: int) -> list[dict]:
             with torch.no_grad():
                 model(input_ids=torch.tensor([enc["input_ids"]]), use_cache=False)
             out.append({"keys": torch.stack([k for _, k in seen]).to(torch.bfloat16),
-                        "queries": torch.stack([q for q, _ in seen]).float(), "digits": digits})
+                        "queries": torch.stack([q for q, _ in seen]).float(), "digits": digits,
+                        "rope_dims": int(model.config.head_dim * model.config.partial_rotary_factor)})
         return out
     finally:
         qwen.apply_rotary_pos_emb = rotary
@@ -91,9 +93,13 @@ def _fp8_outward(lo, hi):
     return lo.to(torch.float8_e5m2).float(), hi.to(torch.float8_e5m2).float()
 
 
-def score(summary: str, keys: torch.Tensor, queries: torch.Tensor, chunks: int) -> torch.Tensor:
-    """[chunks] scores of ``summary`` with query rows [L, Hq, W, D]."""
+def score(summary: str, keys: torch.Tensor, queries: torch.Tensor, chunks: int, rope_dims: int = 0) -> torch.Tensor:
+    """[chunks] scores of ``summary`` with query rows [L, Hq, W, D]; ``salient/no-rope`` leaves out the leading
+    ``rope_dims`` that RoPE rotates (the policy's scoring where a model rotates part of each head)."""
     layers, hkv, _, d = keys.shape
+    if summary == "salient/no-rope":
+        summary, queries = "salient", queries.clone()
+        queries[..., :rope_dims] = 0
     k = keys[:, :, : chunks * CHUNK].float().reshape(layers, hkv, chunks, CHUNK, d).permute(2, 0, 3, 1, 4)  # C L T H D
     q = _grouped(queries, hkv)
     if summary == "qk":
@@ -116,7 +122,7 @@ def score(summary: str, keys: torch.Tensor, queries: torch.Tensor, chunks: int) 
 
 
 QUERIES = {"token before last": slice(WINDOW - 1, WINDOW), "window 8": slice(0, WINDOW), "last token": slice(WINDOW, None)}
-SUMMARIES = ("qk", "bounds", "bounds/64", "salient", "exact")
+SUMMARIES = ("qk", "bounds", "bounds/64", "salient", "salient/no-rope", "exact")
 
 
 def rank_all(cases: list[dict]) -> dict:
@@ -128,7 +134,7 @@ def rank_all(cases: list[dict]) -> dict:
                 keys, t = case["keys"], case["keys"].shape[2]
                 chunks, total = t // CHUNK, math.ceil(t / CHUNK)
                 candidates = [c for c in range(1, total - 4) if c < chunks]
-                s = score(summary, keys, case["queries"][:, :, rows], chunks)[candidates]
+                s = score(summary, keys, case["queries"][:, :, rows], chunks, case["rope_dims"])[candidates]
                 order = [candidates[i] for i in torch.argsort(s, descending=True, stable=True).tolist()]
                 rank = max(order.index(c) if c in candidates else -1 for c in {d // CHUNK for d in case["digits"]})
                 top3, top11 = top3 + (rank < 3), top11 + (rank < 11)
