@@ -99,45 +99,16 @@ _RECORDING: dict = {}
 
 
 def _start_recording(worker) -> None:
-    """In each worker, until ``_recorded``: every KVFlash reselection's (tokens, resident before, resident after,
-    {chunk: the policy's score}) by engine request id."""
-    from collections import defaultdict
+    """In each worker: ``fixtures.reask.record_reselections`` with the scores, until ``_recorded``."""
+    from fixtures.reask import record_reselections
 
-    import torch
-
-    from vllm_luce.kvflash.pager import RequestPager
-
-    events, original = defaultdict(list), RequestPager._reselect
-
-    class Scored:
-        """The policy, keeping the scores it gives."""
-
-        def __init__(self, policy):
-            self.policy, self.scored = policy, {}
-
-        def __getattr__(self, name):
-            return getattr(self.policy, name)
-
-        def scores(self, pager, chunks):
-            found = self.policy.scores(pager, chunks)
-            self.scored.update(zip(chunks, torch.as_tensor(found, dtype=torch.float32).tolist()))
-            return found
-
-    def recording(self, policy):
-        before, scored = sorted(self.resident), Scored(policy)
-        loads = original(self, scored)
-        events[self.req_id].append((self.num_tokens, before, sorted(self.resident), scored.scored))
-        return loads
-
-    RequestPager._reselect = recording
-    _RECORDING.update(events=events, original=original)
+    _RECORDING["context"] = record_reselections(scores=True)
+    _RECORDING["events"] = _RECORDING["context"].__enter__()
 
 
 def _recorded(worker) -> dict:
-    from vllm_luce.kvflash.pager import RequestPager
-
-    RequestPager._reselect = _RECORDING.pop("original")
-    return {req: [(t, b, a, {str(c): s for c, s in scored.items()}) for t, b, a, scored in found]
+    _RECORDING.pop("context").__exit__(None, None, None)
+    return {req: [(t, sorted(b), sorted(a), {str(c): s for c, s in scored.items()}) for t, b, a, scored in found]
             for req, found in _RECORDING.pop("events").items()}
 
 
