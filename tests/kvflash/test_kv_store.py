@@ -60,6 +60,18 @@ def test_read_write_and_rearrange_are_bit_exact(layout, gpu_layout):
     assert all(torch.equal(k, chunk_key(s, first[i], 5)) for i, k in enumerate(token_keys(s, slot)))
 
 
+@pytest.mark.parametrize("layout,gpu_layout", STORES, ids=STORE_IDS)
+def test_a_compacting_shift_reads_every_source_before_writing(layout, gpu_layout):
+    """An eviction shifts the chunks behind it down one position: each move's destination is the next one's
+    source, and the moves run as one gather and one scatter."""
+    s = store(layout, gpu_layout=gpu_layout)
+    chunks = [s.read(p).clone() for p in range(3)]
+    page = torch.randn(chunks[0].shape, generator=torch.Generator().manual_seed(5)).to(chunks[0].dtype)
+    s.rearrange([(0, 1), (1, 2)], [(2, page)])
+    for position, expected in enumerate([chunks[1], chunks[2], page]):
+        assert torch.equal(s.read(position).view(torch.int16), expected.view(torch.int16)), position
+
+
 @pytest.mark.parametrize("gpu_layout", LAYOUTS)
 def test_packed_writes_land_where_flash_attention_reads(gpu_layout):
     """A chunk written through the store is, token by token, FlashAttention's K and V view of the cache

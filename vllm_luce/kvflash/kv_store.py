@@ -212,14 +212,23 @@ class PagedPoolStore:
         self._scatter(self._cache_slots(position), self._to_device(data))
 
     def rearrange(self, moves, loads) -> None:
-        staged = [(dst, self.read(src)) for dst, src in moves]  # read everything before writing
-        for dst, data in staged + list(loads):
+        """Moves ``(dst, src)`` as one gather of every source chunk, then one scatter, then the loads. Per chunk, a
+        move cost two launches and two slot copies: on an H200 (494f318, 8 x 64K) an eviction that shifted the
+        compacted pool took 16 ms of the engine's host time for about 32 moves, in a host-bound step."""
+        if moves:
+            sources = self._device_slots(self._chunk_offsets([src for _, src in moves]))
+            data = self.mover.gather(sources) if self.mover is not None else torch.stack(self._gather(sources))
+            self._scatter(self._device_slots(self._chunk_offsets([dst for dst, _ in moves])), data)
+        for dst, data in loads:
             self.write(dst, data)
+
+    def _chunk_offsets(self, positions: list[int]) -> np.ndarray:
+        """Pool offsets of every token of the chunks at ``positions``, chunk after chunk."""
+        return (np.asarray(positions, dtype=np.int64)[:, None] * self.chunk + np.arange(self.chunk)).ravel()
 
     def keys_at(self, positions: list[int]) -> torch.Tensor:
         """[len(positions), layers, chunk, kv_heads, head]: the post-RoPE keys of chunks, one gather per layer."""
-        offsets = (np.asarray(positions, dtype=np.int64)[:, None] * self.chunk + np.arange(self.chunk)).ravel()
-        slots = self._device_slots(offsets)
+        slots = self._device_slots(self._chunk_offsets(positions))
         keys = torch.stack([self._keys(t) for t in self._gather(slots)], dim=1)  # [tokens, layers, H, D]
         return keys.view(len(positions), self.chunk, *keys.shape[1:]).transpose(1, 2)
 
