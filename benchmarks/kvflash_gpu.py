@@ -364,6 +364,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gpu-share", type=float, default=0.85, help="gpu_memory_utilization (the reference's 0.85)")
     ap.add_argument("--kv-gib", type=float, help="a fixed KV cache instead (kv_cache_memory_bytes)")
     ap.add_argument("--host-gib", type=float, help="KVFlash's host budget for paged-out KV (default: auto)")
+    ap.add_argument("--host-pinned-gib", type=float, help="host memory KVFlash pins at startup (default: none)")
     ap.add_argument("--timeout", type=float, default=330, help="seconds each engine's child may take")
     ap.add_argument("--budget", type=float, default=560, help="seconds for all engines (a device call has 600)")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/luce-bench/kvflash"), help="engine logs and specs")
@@ -384,11 +385,13 @@ def main(argv=None) -> int:
     cuda = G.has_cuda()
     model = G.qwen36_full_attention(args.models / ("qwen36-full-tiny" if tiny else "qwen36-full-8b"),
                                     shape_of(tiny), max(max_len, 4096))
-    kvflash = {"pool_tokens": pool, **({"host_bytes": int(args.host_gib * 2**30)} if args.host_gib else {})}
+    kvflash = {"pool_tokens": pool, **({"host_bytes": int(args.host_gib * 2**30)} if args.host_gib else {}),
+               **({"host_pinned_bytes": int(args.host_pinned_gib * 2**30)} if args.host_pinned_gib else {})}
     out = {**G.header(["benchmarks.kvflash_gpu", *argv]), "model": "Qwen3_5ForConditionalGeneration, all layers "
            "full attention", "shape": shape_of(tiny), "pool_tokens": pool, "max_model_len": max_len,
            "settings": {"contexts": contexts, "batch": batch, "batch_context": batch_context, "decode_steps": steps,
-                        "gpu_share": args.gpu_share, "kv_gib": args.kv_gib, "host_gib": args.host_gib},
+                        "gpu_share": args.gpu_share, "kv_gib": args.kv_gib, "host_gib": args.host_gib,
+                        "host_pinned_gib": args.host_pinned_gib},
            "reference_vllm_h200": {"step_ms_1k": 5.25, "step_ms_128k": 9.96, "batch_8x64k_step_ms": 24.1,
                                    "kv_cache_tokens_at_0.85": 740_000}, "results": {}}
     measured = {"contexts": contexts, "batch": batch, "batch_context": batch_context, "decode_steps": steps,

@@ -82,3 +82,15 @@ def test_with_the_background_thread_a_take_never_waits_for_pinning():
     assert len(p.slabs) == 1 and p.grown_on_demand == 0 and pinned  # asked the thread for the next slab
     p._add_slab(p._new_slab())  # the thread's slab lands
     assert p.take() is not None and p.misses == 1
+
+
+def test_reserve_pins_whole_slabs_now_and_takes_then_find_them():
+    p, asked = pool(), []
+    p._grow_in_background = lambda: asked.append(True)
+    slab = 4 * 3 * 5 * 7 * 2
+    p.reserve(slab + 1)  # rounds up to whole slabs
+    assert len(p.slabs) == 2 and p.pinned_bytes == 2 * slab and p.misses == 0
+    views = [p.take() for _ in range(8)]
+    assert all(v is not None for v in views) and p.misses == 0
+    p.reserve(slab)  # already held: nothing more
+    assert len(p.slabs) == 2

@@ -15,6 +15,9 @@ on the spot. With a background thread (the default) ``take`` now returns None in
 chunk to pageable memory (a synchronous copy of about a millisecond per 9.4 MB chunk) while the slab is pinned
 behind it.
 
+``luce.kvflash.host_pinned_bytes`` pins slabs at startup (``reserve``), for servers whose paged-out KV would
+otherwise be pinned while they serve.
+
 A view returned to the pool may still be the source or target of a copy on the copy stream; it is handed
 out again only once an event recorded on that stream at its return has completed.
 """
@@ -71,6 +74,14 @@ class PinnedChunkPool:
         view = self.slabs[slab][index]
         weakref.finalize(view, self._give_back, (slab, index))
         return view
+
+    def reserve(self, nbytes: int) -> None:
+        """Pin slabs now, on this thread, until the pool holds ``nbytes`` (the server's startup, before any
+        request: ``luce.kvflash.host_pinned_bytes``)."""
+        while self.pinned_bytes < nbytes:
+            slab = self._new_slab()
+            with self.lock:
+                self._add_slab(slab)
 
     def _new_slab(self) -> torch.Tensor:
         return torch.empty((self.slab_chunks, *self.chunk_shape), dtype=self.dtype, pin_memory=self.pin)

@@ -46,7 +46,7 @@ class KVFlashRuntime:
     def __init__(self, config: PagerConfig, policy_name: str, caches: list[torch.Tensor], layout: TokenLayout,
                  head_size: int, block_size: int, max_num_reqs: int, scorer=None, reduce_max=None,
                  host_budget: int | None = None, metric_labels: dict | None = None, selection: str = "page",
-                 query_window: int = 1, rope_dims: int = 0):
+                 query_window: int = 1, rope_dims: int = 0, host_pinned: int = 0):
         self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
         self.selection = selection
         self.caches = caches
@@ -72,6 +72,7 @@ class KVFlashRuntime:
         self.metric_labels = metric_labels or {}
         self._reported_at = 0.0
         self._host_pools: dict[tuple, PinnedChunkPool] = {}
+        self.host_pinned = host_pinned  # bytes the warm-up pins for page-outs (luce.kvflash.host_pinned_bytes)
 
     def pager(self, req_id: str) -> RequestPager | RequestSelection:
         pager = self.pagers.get(req_id)
@@ -96,7 +97,8 @@ class KVFlashRuntime:
         """On a GPU, at startup: page one chunk of vLLM's null block (block 0) out and back in, and summarise and
         score it as the policy does (``q_heads``: this rank's query heads), so that the first long prompt neither
         compiles the paging and scoring kernels (vLLM's JIT monitor caught the salient kernel compiling on the
-        first request) nor waits for the first host slab, which this page-out starts pinning (``host_pool.py``)."""
+        first request) nor waits for the first host slab, which this page-out starts pinning (``host_pool.py``).
+        Then it pins ``host_pinned`` bytes of slabs for page-outs, at startup rather than while serving."""
         if not self.caches or self.caches[0].device.type != "cuda" or self.selection == "sfi":
             return
         store = self._new_store()
@@ -104,6 +106,12 @@ class KVFlashRuntime:
         try:
             host = store.read_host(0)
             store.synchronize()
+            if self.host_pinned:
+                started = time.perf_counter()
+                pool = self.host_pool(tuple(host.shape), host.dtype)
+                pool.reserve(self.host_pinned)
+                logger.info("%s: KVFlash: pinned %.1f GiB of host memory for paged-out KV in %.1f s", tag(),
+                            pool.pinned_bytes / 2**30, time.perf_counter() - started)
             store.write(0, host)  # the same bytes back
             self.warm_up_policy(store, q_heads)
             torch.cuda.synchronize(self.caches[0].device)

@@ -107,7 +107,8 @@ def runtime_options(vllm_config, luce) -> dict:
     except (AssertionError, RuntimeError):  # no parallel state (unit tests)
         rank = 0
     budget = resolve_host_bytes(luce.kvflash.host_bytes, local_ranks)
-    return {"host_budget": budget, "selection": luce.kvflash.selection, "query_window": luce.kvflash.query_window,
+    return {"host_budget": budget, "host_pinned": min(luce.kvflash.host_pinned_bytes, budget),
+            "selection": luce.kvflash.selection, "query_window": luce.kvflash.query_window,
             "metric_labels": {"model_name": metrics.model_name(vllm_config), "rank": rank}}
 
 
