@@ -246,9 +246,10 @@ async def measure(engine, spec: dict, note) -> dict:
         await engine.collective_rpc(profiler_start)
         await engine.collective_rpc(python_profiler_start)
         row = await decode_window(engine, [G.random_prompt(n, n + 1)], m["profile"], f"profile{n}", max_len)
+        # cProfile stops first: the torch profiler's own teardown (3 s at 494f318) would fill its top 60
+        python = (await engine.collective_rpc(python_profiler_stop, args=(60,)))[0]
         profile = {"context": n, "steps": m["profile"], "step_ms_profiled": row["step_ms"], "ttft_s": row["ttft_s"],
-                   **(await engine.collective_rpc(profiler_stop, args=(30,)))[0],
-                   "python": (await engine.collective_rpc(python_profiler_stop, args=(60,)))[0]}
+                   **(await engine.collective_rpc(profiler_stop, args=(30,)))[0], "python": python}
         note(profile=profile)
         print(f"[{spec['mode']}] profiled {m['profile']} steps at {n}", flush=True)
 
