@@ -7,6 +7,7 @@ import pytest
 
 from tests.e2e.dflash_probe import assert_same_until_near_tie, greedy_with_margins
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate
+from vllm_luce.spec_decode.gate_report import summary
 
 pytestmark = pytest.mark.e2e
 PROMPTS = ["def fibonacci(n):\n    ", "import json\n\nclass Encoder", "The quick brown fox", "x = [1, 2,"]
@@ -70,7 +71,7 @@ def test_trained_pair_unchanged_with_the_default_gate_and_released_state(trained
         # A trained model has few near-ties: most sequences must match in full.
         assert assert_same_until_near_tie(expected, margins, greedy(llm, 64)) >= len(PROMPTS) - 1
         gate = sched.luce_gate
-        assert sum(gate.decisions.values()) > 0 and gate.regimes, gate.summary()
+        assert sum(gate.decisions.values()) > 0 and gate.regimes, summary(gate)
         assert gate.requests == {}, "finished requests keep gate state"
         # Sampled requests (temperature 0.8, fixed seeds) under a switching gate: all complete, and the
         # per-request draft stop engages and releases.

@@ -4,6 +4,7 @@ always wrong, through real vLLM (CPU, V1 runner). Acceptance is read from vLLM's
 import pytest
 
 from fixtures import predictable as P
+from vllm_luce.spec_decode.gate_report import summary
 
 pytestmark = pytest.mark.e2e
 K = 15
@@ -64,7 +65,7 @@ def test_gate_stops_verifying_a_drafter_that_never_pays(pair):
     out, stats, gate = run(target, drafters["wrong"], gate=True, requests=4, tokens=200)
     assert out == expected(4, 200)
     ungated_drafts = 200 - 1  # one draft per step per request without the gate
-    assert stats["num_drafts"] < 0.5 * 4 * ungated_drafts, (stats, gate.summary())
+    assert stats["num_drafts"] < 0.5 * 4 * ungated_drafts, (stats, summary(gate))
 
 
 def test_a_request_can_decline_speculation_while_the_others_speculate(pair):
@@ -76,7 +77,7 @@ def test_a_request_can_decline_speculation_while_the_others_speculate(pair):
     off = {"luce_dflash": "off"}
     out, stats, gate = run(target, drafters["right"], gate=True, tokens=64, xargs=[off, None, off, {"luce_dflash": "on"}])
     assert out == expected(4, 64)
-    assert 0 < stats["num_accepted_tokens"] == stats["num_draft_tokens"] <= 2 * 63, (stats, gate.summary())
+    assert 0 < stats["num_accepted_tokens"] == stats["num_draft_tokens"] <= 2 * 63, (stats, summary(gate))
     assert stats["num_accepted_tokens"] > 63  # both speculating requests used drafts
     assert gate.declined == set()  # released when the requests finished
     out, stats, _ = run(target, drafters["right"], gate=True, requests=2, tokens=32, xargs=[off, off])
@@ -94,5 +95,5 @@ def test_gate_speculates_with_a_drafter_that_is_always_right(pair):
     target, drafters = pair
     out, stats, gate = run(target, drafters["right"], gate=True, requests=4, tokens=200)
     assert out == expected(4, 200)
-    assert gate.decisions["spec"] > 2 * gate.decisions["plain"], gate.summary()
+    assert gate.decisions["spec"] > 2 * gate.decisions["plain"], summary(gate)
     assert stats["num_accepted_tokens"] == stats["num_draft_tokens"] > 0, stats

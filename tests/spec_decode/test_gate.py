@@ -3,6 +3,7 @@
 import pytest
 
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate, bucket
+from vllm_luce.spec_decode.gate_report import summary
 
 
 def simulate(gate, steps, spec_tokens_per_s, plain_tokens_per_s, batch=4, spec_tokens=3, totals=None):
@@ -69,7 +70,7 @@ def test_regimes_are_separate_by_batch_size():
     simulate(gate, 300, 50.0, 100.0, batch=64)
     assert gate.regime(1).winner(gate.config) is True and gate.regime(64).winner(gate.config) is False
     assert set(gate.regimes) == {1, 64} and gate.regime(33) is gate.regime(64)
-    assert "batch<=1: spec" in gate.summary() and "-> plain" in gate.summary()
+    assert "batch<=1: spec" in summary(gate) and "-> plain" in summary(gate)
 
 
 def test_a_run_ends_when_the_batch_changes_regime():
@@ -134,11 +135,11 @@ def test_request_below_break_even_stops_drafting_then_retries():
         gate.observe_request("bad", accepted=0, batch_size=4)
         gate.observe_request("good", accepted=3, batch_size=4)
     assert not gate.request_may_draft("bad") and gate.request_may_draft("good")
-    assert gate.stopped_requests() == 1 and gate.holds_back
+    assert len(gate.stopped) == 1 and gate.holds_back
     for _ in range(10):
         gate.decide(4)
     assert gate.request_may_draft("bad")  # retried after retry_after steps
-    assert gate.stopped_requests() == 0 and gate.requests["bad"].low_streak == 0
+    assert len(gate.stopped) == 0 and gate.requests["bad"].low_streak == 0
 
 
 def test_a_good_drafters_requests_are_not_stopped_by_chance():
@@ -158,7 +159,7 @@ def test_a_good_drafters_requests_are_not_stopped_by_chance():
             gate.observe_request(f"r{i}", accepted=accepted, batch_size=128)
         gate.observe_request("useless", accepted=0, batch_size=128)
         gate.observe_request("poor", accepted=next((k for k in range(15) if rng.random() > 0.5), 15), batch_size=128)
-    assert gate.stopped_requests() == 2 and not gate.request_may_draft("useless") and not gate.request_may_draft("poor")
+    assert len(gate.stopped) == 2 and not gate.request_may_draft("useless") and not gate.request_may_draft("poor")
 
 
 def test_forget_releases_request_state():

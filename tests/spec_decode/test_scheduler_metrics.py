@@ -4,10 +4,10 @@ which steps it measures, and the metrics it publishes."""
 from types import SimpleNamespace
 
 import pytest
-from pytest import approx
 
 from vllm_luce.spec_decode import scheduler as S
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate
+from vllm_luce.spec_decode.gate_report import GateReport
 
 
 def req(request_id: str, drafts=(), xargs=None):
@@ -45,8 +45,8 @@ def gated(gate, running=(), waiting=(), max_seqs=32):
     sched.running, sched.waiting, sched.requests, sched.asked = list(running), list(waiting), {}, []
     sched.dynamic_sd_lookup = S.GatedLookup(sched)
     sched._luce_batch, sched._luce_scheduled_at, sched._luce_last_update, sched._luce_planned = 0, {}, 0.0, None
-    sched._luce_last_log, sched._luce_reported_at = float("inf"), float("inf")
-    sched._luce_labels, sched._luce_verified, sched._luce_accepted_counts = {"model_name": "m"}, 0, {}
+    sched.luce_report = GateReport({"model_name": "m"})
+    sched.luce_report.reported_at = sched.luce_report.logged_at = float("inf")  # published only when draining
     return sched
 
 
@@ -167,32 +167,3 @@ def test_a_step_carries_prompt_tokens_when_a_row_computes_more_than_its_token_an
     out = SimpleNamespace(scheduled_new_reqs=new, num_scheduled_tokens=scheduled, scheduled_spec_decode_tokens=drafts,
                           total_num_scheduled_tokens=sum(scheduled.values()))
     assert S.carries_prompt_tokens(out) is want
-
-
-def test_verify_tallies_and_the_gates_state_are_published_with_the_report(monkeypatch):
-    written, gauges, totals = [], {}, {}
-    monkeypatch.setattr(S.metrics, "inc", lambda name, value=1.0, **labels: written.append((name, value, labels)))
-    monkeypatch.setattr(S.metrics, "set_gauge", lambda name, value, **labels: gauges.update(
-        {(name, labels.get("mode"), labels.get("batch_le")): value}))
-    monkeypatch.setattr(S.metrics, "set_total", lambda name, value, **labels: totals.update(
-        {(name, labels.get("mode")): value}))
-    gate = SpecGate(GateConfig(min_samples=1))
-    for spec, rate in ((True, 120.0), (False, 100.0)):
-        gate.observe(speculative=spec, batch_size=4, committed_tokens=4, seconds=4 / rate)
-    sched = gated(gate)
-    for verified, accepted in ((15, 3), (15, 0), (7, 7), (15, 3)):
-        sched._luce_accepted_counts[accepted] = sched._luce_accepted_counts.get(accepted, 0) + 1
-        sched._luce_verified += verified
-    S.DFlashGateMixin._luce_report(sched)
-    got = {(n, l.get("position")): v for n, v, l in written}
-    assert got[("dflash_drafts", None)] == 4
-    assert got[("dflash_verified_tokens", None)] == 52 and got[("dflash_accepted_tokens", None)] == 13
-    # position p counts the verify steps that accepted more than p drafts
-    assert [got[("dflash_accepted_tokens_per_pos", p)] for p in range(7)] == [3, 3, 3, 1, 1, 1, 1]
-    assert gauges[("dflash_gate_speedup", None, 4)] == approx(1.2)
-    assert gauges[("dflash_gate_rate_tokens_per_second", "spec", 4)] == approx(120.0)
-    assert gauges[("dflash_gate_rate_tokens_per_second", "plain", 4)] == approx(100.0)
-    assert ("dflash_gate_steps", "spec") in totals and ("dflash_gate_explorations", None) in totals
-    written.clear()
-    S.DFlashGateMixin._luce_report(sched)  # the tally was reset
-    assert not [w for w in written if w[0].startswith("dflash_")]

@@ -223,19 +223,3 @@ class SpecGate:
         self.requests.pop(request_id, None)
         self.stopped.pop(request_id, None)
         self.declined.discard(request_id)
-
-    # ------------------------------------------------------------------ reporting
-
-    def stopped_requests(self) -> int:
-        return len(self.stopped)
-
-    def summary(self) -> str:
-        parts = []
-        for b, r in sorted(self.regimes.items()):
-            w = r.winner(self.config)
-            mode = "calibrating" if w is None else ("spec" if w else "plain")
-            parts.append(f"batch<={b}: spec {r.rate[True].value:.1f} tok/s vs plain {r.rate[False].value:.1f} tok/s"
-                         f" -> {mode}")
-        return (f"gate: {self.decisions['spec']} spec / {self.decisions['plain']} plain steps, "
-                f"{self.explorations} explorations, {self.stopped_requests()} requests not drafting; "
-                + ("; ".join(parts) or "no regimes yet"))

@@ -24,9 +24,7 @@ from vllm_luce import hooks, metrics, request_args
 from vllm_luce.kvflash.scheduler import KVFlashSchedulerMixin
 from vllm_luce.log import logger, tag
 from vllm_luce.spec_decode.gate import SpecGate
-
-LOG_EVERY_S = 10.0
-REPORT_EVERY_S = 0.25  # gate metrics while requests run; always when the engine drains
+from vllm_luce.spec_decode.gate_report import GateReport
 
 
 class GatedLookup:
@@ -68,7 +66,8 @@ def carries_prompt_tokens(output) -> bool:
 
 
 class DFlashGateMixin:
-    """Scheduler mixin: the batch gate (K per step), the per-request draft stop and opt-out, and their metrics."""
+    """Scheduler mixin: the batch gate (K per step), the per-request draft stop and opt-out; their metrics in
+    ``gate_report.py``."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -79,11 +78,7 @@ class DFlashGateMixin:
         self._luce_planned: int | None = None  # the K of the latest step the gate planned
         self._luce_scheduled_at: dict[int, tuple] = {}  # a step's output -> its start, batch, whether measured
         self._luce_last_update = 0.0
-        self._luce_last_log = time.monotonic()
-        self._luce_reported_at = 0.0
-        self._luce_labels = {"model_name": metrics.model_name(self.vllm_config)}
-        self._luce_verified = 0  # drafts sent to verification since the last report
-        self._luce_accepted_counts: dict[int, int] = {}  # accepted drafts -> verify steps, since the last report
+        self.luce_report = GateReport({"model_name": metrics.model_name(self.vllm_config)})
         logger.info("%s: DFlash gate on (up to %d draft tokens per step)", tag(), self.luce_max_spec_tokens)
 
     def add_request(self, request) -> None:
@@ -121,8 +116,8 @@ class DFlashGateMixin:
         gate = self.luce_gate
         for req_id in [r for r in (*gate.requests, *gate.declined) if r not in self.requests]:
             gate.forget(req_id)  # finished or aborted
-        if not self.requests or time.monotonic() - self._luce_reported_at >= REPORT_EVERY_S:
-            self._luce_report()
+        if self.luce_report.due(draining=not self.requests):
+            self.luce_report.publish(gate)
         return result
 
     def _luce_observe(self, scheduler_output, model_runner_output, started: float, batch: int,
@@ -140,43 +135,12 @@ class DFlashGateMixin:
                 accepted = max(0, len(sampled[i]) - 1)
                 rejected += len(drafts) - accepted
                 self.luce_gate.observe_request(req_id, accepted, batch)
-                self._luce_verified += len(drafts)
-                self._luce_accepted_counts[accepted] = self._luce_accepted_counts.get(accepted, 0) + 1
+                self.luce_report.verify(len(drafts), accepted)
         speculative = bool(spec)
         if measured and speculative == (scheduler_output.num_spec_tokens_to_schedule > 0):
             seconds = time.perf_counter() - max(started, self._luce_last_update)
             self.luce_gate.observe(speculative=speculative, batch_size=batch, seconds=seconds,
                                    committed_tokens=scheduler_output.total_num_scheduled_tokens - rejected)
-
-    def _luce_report(self) -> None:
-        """The gate's state and the verify tallies into ``vllm:luce_dflash_*``; its summary into the log every
-        ``LOG_EVERY_S``."""
-        gate, labels = self.luce_gate, self._luce_labels
-        now = self._luce_reported_at = time.monotonic()
-        if now - self._luce_last_log >= LOG_EVERY_S:
-            self._luce_last_log = now
-            logger.info("%s: %s", tag(), gate.summary())
-        counts = self._luce_accepted_counts
-        if counts:
-            metrics.inc("dflash_drafts", sum(counts.values()), **labels)
-            metrics.inc("dflash_verified_tokens", self._luce_verified, **labels)
-            metrics.inc("dflash_accepted_tokens", sum(a * n for a, n in counts.items()), **labels)
-            for position in range(max(counts)):  # drafts accepted at a position: the steps that accepted more
-                metrics.inc("dflash_accepted_tokens_per_pos", sum(n for a, n in counts.items() if a > position),
-                            position=position, **labels)
-            self._luce_verified, self._luce_accepted_counts = 0, {}
-        for mode, steps in gate.decisions.items():
-            metrics.set_total("dflash_gate_steps", steps, mode=mode, **labels)
-        metrics.set_total("dflash_gate_explorations", gate.explorations, **labels)
-        metrics.set_gauge("dflash_gate_speculating", float(gate.speculating), **labels)
-        metrics.set_gauge("dflash_requests_not_drafting", gate.stopped_requests(), **labels)
-        for b, r in sorted(gate.regimes.items()):
-            for mode, rate in (("spec", r.rate[True]), ("plain", r.rate[False])):
-                if rate.samples:
-                    metrics.set_gauge("dflash_gate_rate_tokens_per_second", rate.value, mode=mode, batch_le=b,
-                                      **labels)
-            if r.speedup() is not None:
-                metrics.set_gauge("dflash_gate_speedup", r.speedup(), batch_le=b, **labels)
 
 
 class LuceGatedScheduler(KVFlashSchedulerMixin, DFlashGateMixin, Scheduler):
