@@ -82,9 +82,12 @@ def measure(spec: dict) -> dict:
         spec_counts = {k: v - before.get(k, 0) for k, v in counters(llm).items()}
         cells.append({"concurrency": c, "tokens_per_s": statistics.median(rates), "passes": rates, **spec_counts})
     gate = getattr(getattr(llm.llm_engine.engine_core, "engine_core", None), "scheduler", None)
-    summary = gate.luce_gate.summary() if hasattr(gate, "luce_gate") else None
     import torch
     import vllm
+
+    from vllm_luce.spec_decode.gate_report import summary as gate_summary
+
+    summary = gate_summary(gate.luce_gate) if hasattr(gate, "luce_gate") else None
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {"cells": cells, "gate": summary, "device": device, "vllm": vllm.__version__, "torch": torch.__version__}

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from benchmarks.dflash_throughput import build, pairs, prompts_for, round_orders, run_pass
+from vllm_luce.spec_decode.gate_report import summary as gate_summary
 
 ENGINES = ("none", "gated", "none2", "gated2")
 BUILD_ORDER = ("none", "gated", "gated2", "none2")
@@ -70,7 +71,7 @@ def measure(pair: str, concurrency: list[int], rounds: int, tokens: int) -> list
                      "median_step_us": {k: round(v * 1e6, 1) for k, v in median.items()},
                      "plain_step": (median["none"] + median["none2"]) / (median["gated"] + median["gated2"]),
                      "total": (total["none"] + total["none2"]) / (total["gated"] + total["gated2"]),
-                     "gate": gate.summary().split(";")[0]})
+                     "gate": gate_summary(gate).split(";")[0]})
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
