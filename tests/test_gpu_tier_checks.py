@@ -3,8 +3,8 @@
 import json
 from pathlib import Path
 
-from tests.gpu.conftest import TIE_GAP, drift_and_ties, parts
-from tests.gpu.test_kvflash import SCORE_TOLERANCE, compare_selections, first_parts
+from tests.gpu.conftest import TIE_GAP, drift_and_ties, first_parts, parts
+from tests.gpu.test_kvflash import SCORE_TOLERANCE, compare_selections
 
 RECORDED = Path(__file__).resolve().parents[1] / "docs" / "data" / "gpu" / "graphs_follow_494f318.json"
 

@@ -149,14 +149,19 @@ def drift_and_ties(graphs: dict, graphless: dict, upto: list | None = None) -> t
 TIE_GAP = 0.05
 
 
+def first_parts(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
+    """Per request, the first output position where two runs' tokens differ (None where they never do)."""
+    return [next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None) for ta, tb in zip(a, b)]
+
+
 def parts(a: dict, b: dict) -> list[dict]:
     """Each request whose greedy tokens part between two runs (with ``logprobs`` >= 2): where, each run's top-2
     logprob gap there, and whether it is a tie: each run's token the other's second, both gaps at most TIE_GAP."""
     found = []
-    for req, (ta, tb) in enumerate(zip(a["tokens"], b["tokens"])):
-        i = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None)
+    for req, i in enumerate(first_parts(a["tokens"], b["tokens"])):
         if i is None:
             continue
+        ta, tb = a["tokens"][req], b["tokens"][req]
         gaps = [run["logprobs"][req][i][1] - run["logprobs"][req][i][2] for run in (a, b)]
         tie = ta[i] in b["top_ids"][req][i][:2] and tb[i] in a["top_ids"][req][i][:2] and max(gaps) <= TIE_GAP
         found.append({"request": req, "position": i, "gaps": gaps, "tie": tie})

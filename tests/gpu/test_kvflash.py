@@ -7,7 +7,8 @@ import statistics
 
 import pytest
 
-from tests.gpu.conftest import RUNNERS, TP, drift_and_ties, keep_report, llm_args, run_engine, side_by_side
+from tests.gpu.conftest import (RUNNERS, TP, drift_and_ties, first_parts, keep_report, llm_args, run_engine,
+                                side_by_side)
 
 POOL = 384  # 6 chunks of 64: the floor (1 sink + 4 recent + 1); 8x the pool fits the tiny models' 4096
 
@@ -81,11 +82,6 @@ def compare_selections(graphs, graphless, prompt_tokens, token_parts):
                 break
         found.append({"position": position, "score_error": max(errors, default=0.0), "decode_time": decode_time})
     return found
-
-
-def first_parts(a: list[list[int]], b: list[list[int]]) -> list[int | None]:
-    """Per request, the first output position where two runs' tokens differ (None where they never do)."""
-    return [next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), None) for ta, tb in zip(a, b)]
 
 
 @pytest.mark.parametrize("runner", sorted(RUNNERS))

@@ -154,9 +154,13 @@ class PagedPoolStore:
         return self._gather(self._cache_slots(position))
 
     def read(self, position: int) -> torch.Tensor:
+        return self._read_slots(self._cache_slots(position))
+
+    def _read_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """[layers, len(slots), ...]: every layer's K and V at cache ``slots``, one fresh tensor."""
         if self.mover is not None:
-            return self.mover.gather(self._cache_slots(position))
-        return torch.stack(self._tokens(position))
+            return self.mover.gather(slots)
+        return torch.stack(self._gather(slots))
 
     def read_host(self, position: int) -> torch.Tensor:
         """``read`` copied to host memory: pinned and on the copy stream when the cache is on a GPU."""
@@ -216,8 +220,7 @@ class PagedPoolStore:
         move cost two launches and two slot copies: on an H200 (494f318, 8 x 64K) an eviction that shifted the
         compacted pool took 16 ms of the engine's host time for about 32 moves, in a host-bound step."""
         if moves:
-            sources = self._device_slots(self._chunk_offsets([src for _, src in moves]))
-            data = self.mover.gather(sources) if self.mover is not None else torch.stack(self._gather(sources))
+            data = self._read_slots(self._device_slots(self._chunk_offsets([src for _, src in moves])))
             self._scatter(self._device_slots(self._chunk_offsets([dst for dst, _ in moves])), data)
         for dst, data in loads:
             self.write(dst, data)
