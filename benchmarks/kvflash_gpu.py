@@ -387,7 +387,7 @@ def main(argv=None) -> int:
     model = G.qwen36_full_attention(args.models / ("qwen36-full-tiny" if tiny else "qwen36-full-8b"),
                                     shape_of(tiny), max(max_len, 4096))
     kvflash = {"pool_tokens": pool, **({"host_bytes": int(args.host_gib * 2**30)} if args.host_gib else {}),
-               **({"host_pinned_bytes": int(args.host_pinned_gib * 2**30)} if args.host_pinned_gib else {})}
+               **({"host_pinned_bytes": int(args.host_pinned_gib * 2**30)} if args.host_pinned_gib is not None else {})}
     out = {**G.header(["benchmarks.kvflash_gpu", *argv]), "model": "Qwen3_5ForConditionalGeneration, all layers "
            "full attention", "shape": shape_of(tiny), "pool_tokens": pool, "max_model_len": max_len,
            "settings": {"contexts": contexts, "batch": batch, "batch_context": batch_context, "decode_steps": steps,

@@ -29,7 +29,7 @@ def test_other_additional_config_keys_are_not_ours():
     ({"kvflash": {"pool_tokens": True}}, "got True"),
     ({"kvflash": {"chunk_tokens": 48}}, "expected a power of two in [16, 1024]"),
     ({"kvflash": {"policy": "random"}}, "expected one of 'lru', 'qk', 'bounds', 'salient', 'scorer'"),
-    ({"kvflash": {"host_pinned_bytes": -1}}, "luce.kvflash.host_pinned_bytes: got -1; expected an integer >= 0"),
+    ({"kvflash": {"host_pinned_bytes": -1}}, "luce.kvflash.host_pinned_bytes: got -1; expected an integer >= 0 (bytes of host memory each worker pins for paged-out KV at startup) or 'auto'"),
     ({"pflash": {"keep_ratio": 0}}, "luce.pflash.keep_ratio: got 0; expected a number in (0, 1]"),
     ({"pflash": {"keep_ratio": "0.1"}}, "got '0.1'"),
     ({"dflash": {"gate": "yes"}}, "luce.dflash.gate: got 'yes'; expected true or false"),

@@ -119,8 +119,8 @@ def test_page_ins_on_their_own_stream_read_what_was_paged_out_while_pool_views_a
 
     def host_pool(shape, dtype):
         if (shape, dtype) not in pools:
-            pools[shape, dtype] = PinnedChunkPool(shape, dtype, s.copy_stream, slab_bytes=4 * 36 * 2 * 64 * 8 * 128 * 2,
-                                                  background=False)
+            pools[shape, dtype] = PinnedChunkPool(shape, dtype, s.copy_stream, slab_bytes=4 * 36 * 2 * 64 * 8 * 128 * 2)
+            pools[shape, dtype].reserve(1)  # one slab of 4 views: the rest go to pageable memory
         return pools[shape, dtype]
 
     s.host_pool = host_pool
@@ -138,7 +138,7 @@ def test_page_ins_on_their_own_stream_read_what_was_paged_out_while_pool_views_a
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="side-stream host copies need a CUDA device")
 def test_a_page_out_without_a_free_pinned_view_goes_to_pageable_memory_bit_exact():
-    """While the pool pins its next slab, a page-out copies to pageable memory at once; the bytes page back in."""
+    """With every pinned view in use, a page-out copies to pageable memory at once; the bytes page back in."""
     s = PagedPoolStore([vllm_cache(512, 8, 16, 128, device="cuda") for _ in range(4)], PACKED_LAYOUT, 128, 16, 64)
     s.row = np.random.default_rng(2).permutation(512)[:128]
 

@@ -168,9 +168,9 @@ class PagedPoolStore:
         if self.copy_stream is None:
             return data
         pool = self.host_pool(tuple(data.shape), data.dtype) if self.host_pool is not None else None
-        host = pool.take() if pool is not None else torch.empty(data.shape, dtype=data.dtype, pin_memory=True)
+        host = pool.take() if pool is not None else None
         pinned = host is not None
-        if not pinned:  # the pool is pinning its next slab: pageable memory, copied now (host_pool.py)
+        if not pinned:  # every pinned view is in use: pageable memory, copied now (never pinned while serving)
             host = torch.empty(data.shape, dtype=data.dtype)
         self.copy_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.copy_stream):

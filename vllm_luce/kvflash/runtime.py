@@ -94,24 +94,25 @@ class KVFlashRuntime:
         return store
 
     def warm_up(self, q_heads: int | None = None) -> None:
-        """On a GPU, at startup: page one chunk of vLLM's null block (block 0) out and back in, and summarise and
-        score it as the policy does (``q_heads``: this rank's query heads), so that the first long prompt neither
-        compiles the paging and scoring kernels (vLLM's JIT monitor caught the salient kernel compiling on the
-        first request) nor waits for the first host slab, which this page-out starts pinning (``host_pool.py``).
-        Then it pins ``host_pinned`` bytes of slabs for page-outs, at startup rather than while serving."""
+        """On a GPU, at startup: pin ``host_pinned`` bytes of slabs for page-outs (never pinned while serving:
+        ``host_pool.py``), then page one chunk of vLLM's null block (block 0) out and back in, and summarise and score
+        it as the policy does (``q_heads``: this rank's query heads), so that the first long prompt does not compile
+        the paging and scoring kernels (vLLM's JIT monitor caught the salient kernel compiling on the first
+        request)."""
         if not self.caches or self.caches[0].device.type != "cuda" or self.selection == "sfi":
             return
         store = self._new_store()
         store.row = np.zeros(-(-self.config.chunk_tokens // self.block_size), dtype=np.int64)
         try:
-            host = store.read_host(0)
-            store.synchronize()
             if self.host_pinned:
                 started = time.perf_counter()
-                pool = self.host_pool(tuple(host.shape), host.dtype)
+                chunk = store.read(0)  # a page-out's shape and dtype
+                pool = self.host_pool(tuple(chunk.shape), chunk.dtype)
                 pool.reserve(self.host_pinned)
                 logger.info("%s: KVFlash: pinned %.1f GiB of host memory for paged-out KV in %.1f s", tag(),
                             pool.pinned_bytes / 2**30, time.perf_counter() - started)
+            host = store.read_host(0)
+            store.synchronize()
             store.write(0, host)  # the same bytes back
             self.warm_up_policy(store, q_heads)
             torch.cuda.synchronize(self.caches[0].device)
@@ -274,7 +275,7 @@ class KVFlashRuntime:
         return sum(pool.pinned_bytes for pool in self._host_pools.values())
 
     def pageable_page_outs(self) -> int:
-        """Page-outs that went to pageable memory while the pools pinned their next slab (``host_pool.py``)."""
+        """Page-outs that went to pageable memory: every view pinned at startup was in use (``host_pool.py``)."""
         return sum(pool.misses for pool in self._host_pools.values())
 
     def stats(self) -> dict[str, float]:
