@@ -107,10 +107,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                           _positive_int_or_auto,
                           help="evictions beyond it are dropped, not paged out"),
         "host_pinned_bytes": Key("auto", (int, str), "an integer >= 0 (bytes of host memory each worker pins for "
-                                 "paged-out KV at startup) or 'auto' (16 GiB, at most host_bytes)",
-                                 lambda v: v == "auto" or (isinstance(v, int) and v >= 0),
-                                 help="pinned while the server starts, never while it serves; page-outs beyond it "
-                                      "copy to pageable memory, synchronously (GPU only; docs/kvflash.md)"),
+                                 "paged-out KV at startup) or 'auto' (what one request of max_model_len tokens pages "
+                                 "out)", lambda v: v == "auto" or (isinstance(v, int) and v >= 0),
+                                 help="pinned while the server starts, never while it serves, at most host_bytes; "
+                                      "page-outs beyond it copy to pageable memory, synchronously, which stalls the "
+                                      "engine (GPU only; docs/kvflash.md)"),
     },
     "pflash": {
         "drafter": Key("", str, "a path to a Hugging Face causal LM directory (config.json + safetensors)",

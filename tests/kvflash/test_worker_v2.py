@@ -71,7 +71,7 @@ def fake_runner():
         prepare_attn=lambda input_batch: runner.block_tables.compute_slot_mappings(
             input_batch.idx_mapping, input_batch.query_start_loc, input_batch.positions, input_batch.num_tokens),
         vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(tensor_parallel_size=1, pipeline_parallel_size=1),
-                                    model_config=SimpleNamespace(served_model_name="tiny")),
+                                    model_config=SimpleNamespace(served_model_name="tiny", max_model_len=2048)),
     )
     return runner, finished
 

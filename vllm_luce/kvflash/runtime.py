@@ -38,6 +38,7 @@ from vllm_luce.kvflash.kv_store import PagedPoolStore, copy_stream_for, to_devic
 from vllm_luce.kvflash.pager import PagerConfig, PagerStats, RequestPager, summarize
 from vllm_luce.kvflash.policies import make_policy
 from vllm_luce.kvflash.query_window import push_queries, window_rows
+from vllm_luce.kvflash.settings import resolve_pinned_bytes
 from vllm_luce.kvflash.sfi import RequestSelection
 from vllm_luce.log import logger, tag
 
@@ -46,7 +47,7 @@ class KVFlashRuntime:
     def __init__(self, config: PagerConfig, policy_name: str, caches: list[torch.Tensor], layout: TokenLayout,
                  head_size: int, block_size: int, max_num_reqs: int, scorer=None, reduce_max=None,
                  host_budget: int | None = None, metric_labels: dict | None = None, selection: str = "page",
-                 query_window: int = 1, rope_dims: int = 0, host_pinned: int = 0):
+                 query_window: int = 1, rope_dims: int = 0, host_pinned: int | str = 0, max_model_len: int = 0):
         self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
         self.selection = selection
         self.caches = caches
@@ -72,7 +73,8 @@ class KVFlashRuntime:
         self.metric_labels = metric_labels or {}
         self._reported_at = 0.0
         self._host_pools: dict[tuple, PinnedChunkPool] = {}
-        self.host_pinned = host_pinned  # bytes the warm-up pins for page-outs (luce.kvflash.host_pinned_bytes)
+        self.host_pinned = host_pinned  # bytes or 'auto' the warm-up pins for page-outs (luce.kvflash.host_pinned_bytes)
+        self.max_model_len = max_model_len
 
     def pager(self, req_id: str) -> RequestPager | RequestSelection:
         pager = self.pagers.get(req_id)
@@ -104,11 +106,13 @@ class KVFlashRuntime:
         store = self._new_store()
         store.row = np.zeros(-(-self.config.chunk_tokens // self.block_size), dtype=np.int64)
         try:
-            if self.host_pinned:
+            chunk = store.read(0)  # a page-out's shape and dtype
+            pinned = resolve_pinned_bytes(self.host_pinned, self.host_budget, chunk.numel() * chunk.element_size(),
+                                          self.max_model_len, self.config.pool_tokens, self.config.chunk_tokens)
+            if pinned:
                 started = time.perf_counter()
-                chunk = store.read(0)  # a page-out's shape and dtype
                 pool = self.host_pool(tuple(chunk.shape), chunk.dtype)
-                pool.reserve(self.host_pinned)
+                pool.reserve(pinned)
                 logger.info("%s: KVFlash: pinned %.1f GiB of host memory for paged-out KV in %.1f s", tag(),
                             pool.pinned_bytes / 2**30, time.perf_counter() - started)
             host = store.read_host(0)

@@ -23,14 +23,16 @@ def pager_config_from(kvflash) -> PagerConfig:
                        recent_chunks=kvflash.recent_chunks)
 
 
-# "auto": pinned at startup, about 13 s of it on an H200 (1.25 GB/s); 16 GiB holds the paged-out KV of a 128K-token
-# prompt of the 8B shape (18.7 GB) but 2.7 GB (docs/kvflash.md).
-AUTO_PINNED_BYTES = 16 << 30
-
-
-def resolve_pinned_bytes(pinned_bytes, host_budget: int) -> int:
-    """Host memory this worker pins at startup for page-outs: the setting or 'auto', at most its host budget."""
-    return min(AUTO_PINNED_BYTES if pinned_bytes == "auto" else int(pinned_bytes), host_budget)
+def resolve_pinned_bytes(pinned_bytes, host_budget: int | None, chunk_bytes: int, max_model_len: int,
+                         pool_tokens: int, chunk_tokens: int) -> int:
+    """Host memory this worker pins at startup for page-outs, at most its host budget. 'auto': what one request
+    of the longest context pages out (its tokens beyond the pool, in chunks of ``chunk_bytes`` on this worker):
+    a prompt of any length pages out without pinning while it is served (host_pool.py), and more concurrent long
+    requests than one page their excess to pageable memory."""
+    if pinned_bytes == "auto":
+        chunks = -(-max(0, max_model_len - pool_tokens) // chunk_tokens)
+        pinned_bytes = chunks * chunk_bytes
+    return min(int(pinned_bytes), host_budget if host_budget is not None else int(pinned_bytes))
 
 
 def resolve_host_bytes(host_bytes, local_ranks: int = 1, meminfo: str = "/proc/meminfo") -> int:

@@ -16,7 +16,7 @@ from vllm_luce import hooks, metrics
 from vllm_luce.kvflash.cache_layout import cache_layout
 from vllm_luce.kvflash.kv_store import to_device_async
 from vllm_luce.kvflash.runtime import KVFlashRuntime
-from vllm_luce.kvflash.settings import pager_config_from, resolve_host_bytes, resolve_pinned_bytes
+from vllm_luce.kvflash.settings import pager_config_from, resolve_host_bytes
 from vllm_luce.log import logger, tag
 
 
@@ -107,7 +107,7 @@ def runtime_options(vllm_config, luce) -> dict:
     except (AssertionError, RuntimeError):  # no parallel state (unit tests)
         rank = 0
     budget = resolve_host_bytes(luce.kvflash.host_bytes, local_ranks)
-    return {"host_budget": budget, "host_pinned": resolve_pinned_bytes(luce.kvflash.host_pinned_bytes, budget),
+    return {"host_budget": budget, "host_pinned": luce.kvflash.host_pinned_bytes, "max_model_len": vllm_config.model_config.max_model_len,
             "selection": luce.kvflash.selection, "query_window": luce.kvflash.query_window,
             "metric_labels": {"model_name": metrics.model_name(vllm_config), "rank": rank}}
 
