@@ -23,10 +23,11 @@ plus the bandwidth the scoring kernel reaches on the summary bytes against a dev
   (one launch, keys only, fp8 written in the kernel) against the per-layer torch path (gather, min/max
   per page, ``outward_fp8``); both must give the same bytes.
 
-``salient``, the salient-key policy (fp8 e5m2 keys ``[chunks, layers, 8, 128]``, a quarter of QK's bytes: 19, 75 and
-151 MB), scored with a query window of ``--window`` tokens (rows ``[36, 32 x window, 128]``):
+``salient``, the salient-key policy (two int4 keys per chunk, layer and KV head with their fp16 scales, ``[chunks,
+layers, 8, 2, 66]`` uint8: 132 B per layer and KV head, 0.26x QK's bytes: 19.5, 77.9 and 156 MB), scored with a query
+window of ``--window`` tokens (rows ``[36, 32 x window, 128]``):
 * ``ms``: ``kernels.chunk_salient.salient_scores`` against its torch reference on the same GPU, and ``Salient.scores``
-  as a reselection runs it (``policy``: stack, kernel, layer max, one device-to-host copy);
+  as a reselection runs it (``policy``: stack, kernel, layer max, one device-to-host copy, the neighbour rule);
 * ``summary_one_chunk``: one chunk's salient keys over all 36 layers (``salient_keys``, one launch) against the
   per-layer torch path (equal bytes), and that cost spread over the chunk's 64 decoded tokens;
 * ``paging_ms``: paging in k chunks from pinned host memory and paging out as many (``read_host``), k = 0, 8 and
@@ -50,6 +51,7 @@ from benchmarks import report  # noqa: E402
 from benchmarks.gpu_timing import copy_bandwidth, device_info, timed  # noqa: E402
 from vllm_luce.kernels.chunk_bounds import bound_scores, bound_scores_naive  # noqa: E402
 from vllm_luce.kernels.chunk_salient import salient_scores, salient_scores_naive  # noqa: E402
+from vllm_luce.kernels.chunk_salient.naive import pack_int4  # noqa: E402
 from vllm_luce.kernels.chunk_score import chunk_scores, chunk_scores_naive  # noqa: E402
 from vllm_luce.kvflash.kv_store import PACKED_LAYOUT, PagedPoolStore  # noqa: E402
 from vllm_luce.kvflash.policies import QK, Bounds, Salient, outward_fp8  # noqa: E402
@@ -167,7 +169,7 @@ def salient(contexts: list[int], reps: int, window: int, pool_tokens: int, block
     g = torch.Generator(device=dev).manual_seed(2)
     store, torch_path = _stores(blocks)
     fused, plain = store.salient_keys(5), torch_path.salient_keys(5)
-    assert torch.equal(fused.view(torch.uint8), plain.view(torch.uint8)), "salient keys differ from the torch path"
+    assert torch.equal(fused, plain), "salient keys differ from the torch path"
     ms = {"salient_keys": timed(lambda: store.salient_keys(5), reps),
           "torch_per_layer": timed(lambda: torch_path.salient_keys(5), reps)}
     out["summary_one_chunk"] = {"ms": {k: round(v, 4) for k, v in ms.items()},
@@ -189,12 +191,14 @@ def salient(contexts: list[int], reps: int, window: int, pool_tokens: int, block
     for context in contexts:
         chunks = context // CHUNK
         queries = torch.randn(LAYERS, HQ * window, D, device=dev, generator=g)  # the window's rows
-        keys = torch.randn(chunks, LAYERS, HKV, D, device=dev, generator=g).to(torch.float8_e5m2)
+        keys = pack_int4(torch.randn(chunks, LAYERS, HKV, 2, D, device=dev, generator=g))  # packed summaries
         got = salient_scores(queries, keys)
         torch.testing.assert_close(got, salient_scores_naive(queries, keys), atol=1e-4, rtol=1e-5)
         pager = _Pager(queries, {c: keys[c].clone() for c in range(chunks)})
         ids = list(range(chunks))
-        torch.testing.assert_close(Salient().scores(pager, ids), got.amax(-1).cpu(), atol=1e-4, rtol=1e-5)
+        own = got.amax(-1).cpu()
+        expected = torch.cat([own[:1], torch.maximum(own[1:], own[:-1])])  # each chunk at least its predecessor
+        torch.testing.assert_close(Salient().scores(pager, ids), expected, atol=1e-4, rtol=1e-5)
         ms = {"triton": timed(lambda: salient_scores(queries, keys), reps),
               "torch_gpu": timed(lambda: salient_scores_naive(queries, keys), max(1, reps // 4)),
               "policy": _host_ms(lambda: Salient().scores(pager, ids), reps)}

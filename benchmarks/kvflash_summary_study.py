@@ -16,8 +16,11 @@ maximum over query rows, heads and (but for qk) layers; bytes per chunk relative
 * ``qk`` (1x): cosine with the mean key, mean over layers;
 * ``bounds`` (2x): fp8 outward min/max per 16-token page, Quest's upper bound;
 * ``bounds/64`` (0.5x): the same over whole chunks;
-* ``salient`` (0.25x): the fp8 key farthest from the chunk's mean key, ``q . k``;
-* ``salient/no-rope``: the same without the head dims RoPE rotates (the fixture rotates a quarter);
+* ``salient/1-key`` (0.25x): the fp8 key farthest from the chunk's mean key, ``q . k`` (the policy's summary until
+  the two-key one);
+* ``salient/1-key/no-rope``: the same without the head dims RoPE rotates (the fixture rotates a quarter);
+* ``salient`` (0.2x on the fixture): the policy's summary and score (``policies.Salient``): two int4 keys of the
+  unrotated dims, the best logit over both, and at least the preceding chunk's score;
 * ``exact``: the largest logit over all of the chunk's keys (no summary; SFI's ``attention``).
 This is a ranking proxy: through vLLM the queries come from a pooled prefill and the pool's recent tail is the
 prompt's; ``benchmarks/kvflash_needle.py`` measures retrieval itself.
@@ -94,11 +97,12 @@ def _fp8_outward(lo, hi):
 
 
 def score(summary: str, keys: torch.Tensor, queries: torch.Tensor, chunks: int, rope_dims: int = 0) -> torch.Tensor:
-    """[chunks] scores of ``summary`` with query rows [L, Hq, W, D]; ``salient/no-rope`` leaves out the leading
-    ``rope_dims`` that RoPE rotates (the policy's scoring where a model rotates part of each head)."""
+    """[chunks] scores of ``summary`` with query rows [L, Hq, W, D]; the ``no-rope`` one-key summary and ``salient``
+    leave out the leading ``rope_dims`` that RoPE rotates (the policy's scoring where a model rotates part of each
+    head)."""
     layers, hkv, _, d = keys.shape
-    if summary == "salient/no-rope":
-        summary, queries = "salient", queries.clone()
+    if summary == "salient/1-key/no-rope":
+        summary, queries = "salient/1-key", queries.clone()
         queries[..., :rope_dims] = 0
     k = keys[:, :, : chunks * CHUNK].float().reshape(layers, hkv, chunks, CHUNK, d).permute(2, 0, 3, 1, 4)  # C L T H D
     q = _grouped(queries, hkv)
@@ -112,17 +116,23 @@ def score(summary: str, keys: torch.Tensor, queries: torch.Tensor, chunks: int, 
         size = CHUNK if summary == "bounds/64" else PAGE
         boxes = k.unflatten(2, (-1, size))  # [C, L, pages, size, H, D]
         return _box(q, *_fp8_outward(boxes.amin(3), boxes.amax(3))).amax(-1)
+    if summary == "salient/1-key":
+        dist = (k - k.mean(2, keepdim=True)).square().sum(-1)  # [C, L, T, H]
+        pick = torch.where(dist.isnan(), float("inf"), dist).argmax(2)  # [C, L, H], the first farthest
+        rep = torch.gather(k, 2, pick[:, :, None, :, None].expand(-1, -1, 1, -1, d)).to(torch.float8_e5m2).float()
+        return _box(q, rep, rep).amax(-1)  # rep [C, L, 1, H, D]
     if summary == "salient":
-        from vllm_luce.kernels.chunk_salient.naive import salient_from_keys
+        from vllm_luce.kernels.chunk_salient.naive import salient_from_keys, salient_scores_naive
 
-        keys_per_chunk = k.to(torch.bfloat16)  # [C, L, T, H, D]
-        rep = torch.stack([salient_from_keys(c) for c in keys_per_chunk]).float()[:, :, None]  # [C, L, 1, H, D]
-        return _box(q, rep, rep).amax(-1)
+        packed = torch.stack([salient_from_keys(c, rope_dims) for c in k.to(torch.bfloat16)])  # [C, L, H, 2, bytes]
+        rows = queries.reshape(layers, -1, d)  # each head's window rows adjacent, as query_window.py keeps them
+        own = salient_scores_naive(rows, packed, rope_dims).amax(-1)
+        return torch.cat([own[:1], torch.maximum(own[1:], own[:-1])])  # at least the preceding chunk's score
     raise ValueError(summary)
 
 
 QUERIES = {"token before last": slice(WINDOW - 1, WINDOW), "window 8": slice(0, WINDOW), "last token": slice(WINDOW, None)}
-SUMMARIES = ("qk", "bounds", "bounds/64", "salient", "salient/no-rope", "exact")
+SUMMARIES = ("qk", "bounds", "bounds/64", "salient/1-key", "salient/1-key/no-rope", "salient", "exact")
 
 
 def rank_all(cases: list[dict]) -> dict:

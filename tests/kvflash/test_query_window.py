@@ -1,7 +1,6 @@
-"""KVFlash's query window (``query_window.py``) and the salient policy, pure torch: the window's rows keep each
-query head's tokens next to each other so that policies group them as they group heads; the runtime hands a
-prefill step's last tokens and then each decode step's token to the pager; a salient key the window points at
-lifts its chunk; the summary is a quarter of QK's bytes."""
+"""KVFlash's query window (``query_window.py``), pure torch: the window's rows keep each query head's tokens next
+to each other so that policies group them as they group heads; the runtime hands a prefill step's last tokens and
+then each decode step's token to the pager; a salient key the window points at lifts its chunk."""
 
 from types import SimpleNamespace
 
@@ -10,9 +9,10 @@ import torch
 
 from tests.kvflash.test_worker_v2 import CM, D, POOL, fake_runner, step
 from vllm_luce.config import LuceConfig
-from vllm_luce.kernels.chunk_salient import salient_from_keys, salient_scores_naive
+from vllm_luce.kernels.chunk_salient import row_bytes, salient_decode, salient_scores_naive
+from vllm_luce.kernels.chunk_salient.naive import pack_int4
 from vllm_luce.kvflash.pager import PagerConfig, RequestPager, TensorStore
-from vllm_luce.kvflash.policies import QK, Salient, make_policy
+from vllm_luce.kvflash.policies import make_policy
 from vllm_luce.kvflash.query_window import push_queries, window_rows
 
 
@@ -34,12 +34,12 @@ def test_the_window_keeps_the_last_tokens_each_heads_rows_adjacent():
     assert torch.equal(pager.query_tokens, torch.cat([q[1:], more]))
     assert torch.equal(pager.queries[0, 3 * 4 + 3], more[1, 0, 3])
     # grouped over 2 KV heads, rows 0-7 (heads 0-1, 4 tokens each) belong to KV head 0 as heads 0-1 do
-    keys = torch.zeros(1, 2, 2, 8)
-    keys[0, 0, 1] = torch.randn(8)  # only KV head 1 has a key: its group is heads 2-3, every token of the window
-    keys = keys.to(torch.float8_e5m2)
+    keys = torch.zeros(1, 2, 2, 2, 8)  # [chunks, layers, KV heads, 2 keys, head]
+    keys[0, 0, 1, 0] = torch.randn(8)  # only KV head 1 has a key: its group is heads 2-3, every token of the window
+    summaries = pack_int4(keys)
     rows = pager.query_tokens[:, 0, 2:4].reshape(-1, 8)  # layer 0, heads 2-3, 4 tokens each
-    expected = max((rows @ keys[0, 0, 1].float()).max().item(), 0.0) / 8 ** 0.5
-    assert abs(salient_scores_naive(pager.queries, keys)[0, 0].item() - expected) < 1e-5
+    expected = max((rows @ salient_decode(summaries[0, 0, 1, 0], 8)).max().item(), 0.0) / 8 ** 0.5
+    assert abs(salient_scores_naive(pager.queries, summaries)[0, 0].item() - expected) < 1e-5
 
 
 def test_window_rows_take_each_requests_last_tokens_and_skip_decode_steps():
@@ -75,7 +75,7 @@ def test_the_runtime_hands_a_prefills_last_tokens_then_each_decoded_token_to_the
     assert pager.queries.shape == (1, 4 * 4, D)
 
 
-def test_a_salient_key_the_window_points_at_lifts_its_chunk_and_takes_a_quarter_of_qks_bytes():
+def test_a_salient_key_the_window_points_at_lifts_its_chunk():
     cfg = PagerConfig(pool_tokens=512)
     store = TensorStore(cfg.pool_chunks, (2, 64, 2, 16))
     pager, policy = RequestPager(cfg, store), make_policy("salient")
@@ -94,33 +94,8 @@ def test_a_salient_key_the_window_points_at_lifts_its_chunk_and_takes_a_quarter_
     pager.prepare(1024, 1, policy, prompt_end=True)
     assert 5 in pager.resident
     summary = pager.summaries[5]
-    assert summary.dtype == torch.float8_e5m2 and summary.shape == (2, 2, 16)
-    qk_bytes = 2 * 2 * 16 * 4  # QK's fp32 mean key per layer and KV head
-    assert summary.numel() * summary.element_size() * 4 == qk_bytes
-    assert torch.equal(summary[1, 1], needle.to(store.data.dtype).float().to(torch.float8_e5m2))
-
-
-def test_salient_summary_is_the_key_farthest_from_the_mean_and_scores_by_its_best_layer():
-    keys = torch.zeros(2, 8, 1, 4)
-    keys[0, 3, 0] = torch.tensor([1.0, 0, 0, 0])
-    keys[1, 6, 0] = torch.tensor([0, 0, -2.0, 0])
-    summary = salient_from_keys(keys)
-    assert summary.float().tolist() == [[[1.0, 0, 0, 0]], [[0, 0, -2.0, 0]]]
-    pager = SimpleNamespace(queries=torch.tensor([[[2.0, 0, 0, 0]], [[0, 0, -1.0, 0]]]),
-                            summaries={0: summary, 1: torch.zeros(2, 1, 4).to(torch.float8_e5m2)})
-    scores = Salient().scores(pager, [0, 1])
-    assert scores.tolist() == [1.0, 0.0]  # max(2 * 1, -1 * -2) / sqrt(4); the empty chunk scores 0
-    assert isinstance(Salient(), QK) and Salient.name == "salient"
-
-
-def test_salient_scores_without_the_rotated_dims_where_only_part_of_the_head_rotates():
-    near = torch.tensor([[[4.0, 0, 0, 1.0]]]).to(torch.float8_e5m2)  # [layers, kv_heads, head]: a position match
-    far = torch.tensor([[[0.0, 0, 0, 2.0]]]).to(torch.float8_e5m2)  # what the query asks for
-    pager = SimpleNamespace(queries=torch.tensor([[[1.0, 0, 0, 1.0]]]), summaries={0: near, 1: far})
-    assert Salient().scores(pager, [0, 1]).tolist() == [2.5, 1.0]  # (4 + 1) / 2 and 2 / 2
-    assert Salient(rope_dims=2).scores(pager, [0, 1]).tolist() == [0.5, 1.0]
-    assert pager.queries[0, 0, 0] == 1.0  # the pager's queries are left as they were
-    assert make_policy("salient", rope_dims=2).rope_dims == 2
+    assert summary.dtype == torch.uint8 and summary.shape == (2, 2, 2, row_bytes(16))
+    assert torch.equal(summary[1, 1, 0], pack_int4(needle.to(store.data.dtype)))  # key 1: the needle
 
 
 def test_rope_dims_are_the_pooled_layers_rotated_dims_when_they_rotate_part_of_the_head():

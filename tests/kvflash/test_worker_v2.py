@@ -234,11 +234,12 @@ def test_the_warm_up_summarises_and_scores_a_chunk_as_a_reselection_does(monkeyp
     runtime.policy.reduce_max = lambda t: pytest.fail("the warm-up must not all-reduce")
     seen = []
     scores = policies.salient_layer_scores
-    monkeypatch.setattr(policies, "salient_layer_scores", lambda q, k: seen.append((q.shape, k.shape)) or scores(q, k))
+    monkeypatch.setattr(policies, "salient_layer_scores",
+                        lambda q, k, rope: seen.append((q.shape, k.shape)) or scores(q, k, rope))
     store = runtime._new_store()
     store.row = np.zeros(1, dtype=np.int64)
     runtime.warm_up_policy(store, q_heads=4)
-    assert seen == [((1, 4 * 8, D), (1, 1, H, D))]
+    assert seen == [((1, 4 * 8, D), (1, 1, H, 2, D // 2 + 2))]  # one chunk's two int4 keys of every dim
 
 
 def test_query_capture_clamps_the_rows_once_a_forward_and_keeps_every_layer_in_bounds(monkeypatch):

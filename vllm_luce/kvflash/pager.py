@@ -169,7 +169,7 @@ class RequestPager:
     decoded_since_reselect: int = 0
     reselected: bool = False  # a reselection point passed (with or without chunks to choose from)
     last_used: dict[int, int] = field(default_factory=dict)  # logical chunk -> token count when last used
-    summaries: dict[int, torch.Tensor] = field(default_factory=dict)  # chunk -> [layers, kv_heads, head_dim]
+    summaries: dict[int, torch.Tensor] = field(default_factory=dict)  # chunk -> its summary (the policy's form)
     queries: torch.Tensor | None = None  # [layers, q_heads, head_dim] of the latest token(s) (query_window.py)
     query_tokens: torch.Tensor | None = None  # [tokens, layers, q_heads, head_dim]: the window ``queries`` holds
     # Where each chunk's bytes are in the store now; ``resident`` runs ahead of it within a step.

@@ -23,18 +23,20 @@ lowest-scored evictable chunk and, on reselection, swaps in host chunks that out
   as for QK, Triton kernels (``kernels.chunk_bounds``) write a chunk's fp8 bounds straight from the KV caches
   (one launch for all layers, bit-identical to the torch path) and score the stacked fp8 bounds in place;
   elsewhere the same math runs in torch.
-* ``Salient`` (``"salient"``, the default): per chunk and KV head the one post-RoPE key farthest from the chunk's
-  mean key, fp8 e5m2: a quarter of QK's fp32 mean bytes, an eighth of Bounds'. A chunk scores its largest logit
-  ``q . k / sqrt(D)`` over the query rows (each group's heads times the query window's tokens,
-  ``query_window.py``) at its best full-attention layer. A mean washes out the one line a question points at;
-  the key that stands out from its chunk keeps it. Where the model rotates only part of each head (Qwen3.5/3.6:
-  a quarter), the logit leaves the rotated dims out: they carry position, which favours nearby chunks over a far
-  needle. Through vLLM on the trained fixture that lifted single needles at 8K tokens from 70% to 85%
-  (``docs/fidelity.md``). With the default window of 8 tokens it kept 70-95% of the
-  needles at 12.5-25% residency on the trained fixture through vLLM, where QK with one query token kept 10-35%
-  (``docs/fidelity.md``); with one query token it kept 10-30% itself. On a GPU, Triton kernels
-  (``kernels.chunk_salient``) write a chunk's salient keys straight from the KV caches (one launch for all
-  layers) and score the stacked fp8 keys in place.
+* ``Salient`` (``"salient"``, the default): per chunk, layer and KV head two post-RoPE keys: the key farthest from
+  the chunk's mean key, then the key farthest from both (farthest-point selection). Only the dims scored are kept,
+  in int4 with an fp16 scale per key (``kernels/chunk_salient/naive.py``): ``2 * (ceil(Dn / 2) + 2)`` bytes per
+  layer and KV head for ``Dn`` scored dims. A chunk scores its largest logit ``q . k / sqrt(D)`` over both keys,
+  the query rows (each group's heads times the query window's tokens, ``query_window.py``) and the full-attention
+  layers, and then at least its predecessor's score (computed from the predecessor's summary whether or not it is
+  a candidate): a needle line that straddles a chunk boundary is found through its first chunk, whose score then
+  keeps the line's second chunk too. A mean washes out the one line a question points
+  at; the keys that stand out from their chunk keep it, and a second key keeps a line the first one missed. Where
+  the model rotates only part of each head (Qwen3.5/3.6: a quarter), the logit and the stored keys leave the
+  rotated dims out: they carry position, which favours nearby chunks over a far needle. On the trained fixture
+  through vLLM with the default window of 8 tokens it kept 90-100% of the needles at 12.5-25% residency
+  (``docs/fidelity.md``). On a GPU, Triton kernels (``kernels.chunk_salient``) write a chunk's packed keys straight
+  from the KV caches (one launch for all layers) and score the stacked summaries in place.
 * ``Scorer``: an external per-chunk score (PFlash's drafter scorer plugs in here).
 * ``MaxLogit`` (``"attention"``, SFI only): per chunk, the largest attention logit ``q . k / sqrt(d)``
   of the current queries over the chunk's own keys (max over tokens and each group's query heads),
@@ -151,10 +153,10 @@ def bound_layer_scores(queries: torch.Tensor, bounds: torch.Tensor) -> torch.Ten
 
 
 class Salient(QK):
-    """QK's inputs with one key per chunk and KV head for a summary: the chunk's key farthest from its mean key
-    (``summarize``), fp8 e5m2: a quarter of QK's fp32 mean bytes. A chunk scores the largest logit ``q . k / sqrt(D)``
-    of the current query rows (the query window's tokens, each group's heads) with its salient keys, at its best
-    full-attention layer."""
+    """QK's inputs with two keys per chunk, layer and KV head for a summary (``summarize``), their scored dims in
+    int4: 52 bytes per layer and KV head on the trained fixture (64 dims, 16 rotated) where QK's fp32 mean takes 256.
+    A chunk scores the largest logit ``q . k / sqrt(D)`` of the current query rows (the query window's tokens, each
+    group's heads) with its keys at its best full-attention layer, and at least its predecessor's score."""
 
     name = "salient"
 
@@ -162,41 +164,43 @@ class Salient(QK):
         super().__init__(reduce_max)
         self.rope_dims = rope_dims
 
-    @classmethod
-    def summarize(cls, store, position: int) -> torch.Tensor:
-        """[layers, kv_heads, head] fp8 e5m2: the store's ``salient_keys`` (``PagedPoolStore``: one Triton launch on a
-        GPU), else ``salient_from_keys`` of its chunk's keys ``[layers, tokens, kv_heads, head]``."""
+    def summarize(self, store, position: int) -> torch.Tensor:
+        """[layers, kv_heads, 2, row_bytes] uint8: the store's ``salient_keys`` (``PagedPoolStore``: one Triton launch
+        on a GPU), else ``salient_from_keys`` of its chunk's keys ``[layers, tokens, kv_heads, head]``."""
         own = getattr(store, "salient_keys", None)
         if own is not None:
-            return own(position)
+            return own(position, self.rope_dims)
         from vllm_luce.kernels.chunk_salient.naive import salient_from_keys
 
-        return salient_from_keys(store.chunk_keys(position))
+        return salient_from_keys(store.chunk_keys(position), self.rope_dims)
 
     def scores(self, pager, chunks: list[int]) -> torch.Tensor:
         queries = getattr(pager, "queries", None)
         if queries is None:
             return LRU().scores(pager, chunks)
-        keys = torch.stack([pager.summaries[c] for c in chunks])  # [C, L, Hkv, D] fp8
-        if self.rope_dims:  # score what a chunk holds, not where: the rotated dims favour nearby chunks
-            queries = queries.clone()
-            queries[..., : self.rope_dims] = 0
-        per_layer = salient_layer_scores(queries.to(keys.device), keys)
+        wanted = set(chunks)  # predecessors scored for the neighbour rule, candidates or not
+        scored = list(chunks) + [c - 1 for c in chunks if c - 1 not in wanted and c - 1 in pager.summaries]
+        summaries = torch.stack([pager.summaries[c] for c in scored])  # [C, L, Hkv, 2, bytes] uint8
+        per_layer = salient_layer_scores(queries.to(summaries.device), summaries, self.rope_dims)
         if self.reduce_max is not None:
             per_layer = self.reduce_max(per_layer)
-        return per_layer.amax(dim=-1).cpu()
+        own = per_layer.amax(dim=-1).cpu()
+        at = {c: i for i, c in enumerate(scored)}
+        before = torch.tensor([at.get(c - 1, i) for i, c in enumerate(chunks)], dtype=torch.long)
+        return torch.maximum(own[: len(chunks)], own[before])
 
 
-def salient_layer_scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """queries [L, Hq, D], salient keys [C, L, Hkv, D] fp8 e5m2 -> [C, L] fp32 (``salient_scores_naive``): the Triton
-    kernel on a GPU (it reads the fp8 keys in place), its torch reference elsewhere (tested together)."""
-    if keys.is_cuda and len(keys):
+def salient_layer_scores(queries: torch.Tensor, summaries: torch.Tensor, rope_dims: int = 0) -> torch.Tensor:
+    """queries [L, Hq, D], packed summaries [C, L, Hkv, 2, row_bytes] uint8 -> [C, L] fp32 (``salient_scores_naive``):
+    the Triton kernel on a GPU (it decodes the packed keys in place), its torch reference elsewhere (tested
+    together)."""
+    if summaries.is_cuda and len(summaries):
         from vllm_luce.kernels.chunk_salient import salient_scores  # imports Triton: GPU only
 
-        return salient_scores(queries, keys)
+        return salient_scores(queries, summaries, rope_dims)
     from vllm_luce.kernels.chunk_salient.naive import salient_scores_naive
 
-    return salient_scores_naive(queries, keys)
+    return salient_scores_naive(queries, summaries, rope_dims)
 
 
 class Scorer:
@@ -242,7 +246,7 @@ def max_logit_layer_scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.T
 
 def make_policy(name: str, scorer: Callable | None = None, reduce_max=None, rope_dims: int = 0):
     """``rope_dims``: the leading head dims the pooled layers rotate where they rotate only part of the head
-    (``Salient`` leaves them out)."""
+    (``Salient`` neither stores nor scores them)."""
     if name == "lru":
         return LRU()
     if name == "qk":

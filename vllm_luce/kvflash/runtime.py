@@ -25,6 +25,7 @@ addresses held.
 
 from __future__ import annotations
 
+import copy
 import functools
 import time
 from types import SimpleNamespace
@@ -133,7 +134,9 @@ class KVFlashRuntime:
             queries = torch.zeros(len(self.caches), q_heads * self.query_window, self.head_size,
                                   device=summary.device)
             probe = SimpleNamespace(queries=queries, summaries={0: summary}, last_used={})
-            type(self.policy)().scores(probe, [0])
+            unreduced = copy.copy(self.policy)  # rope_dims and all, but no collective
+            unreduced.reduce_max = None
+            unreduced.scores(probe, [0])
 
     def host_pool(self, shape: tuple[int, ...], dtype: torch.dtype) -> PinnedChunkPool:
         """The worker's pinned pool for chunks of ``shape``, shared by its requests and kept between them."""

@@ -48,7 +48,7 @@ class RequestSelection:
     selected: list[int] = field(default_factory=list)  # middle chunks of the current selection
     select_pending: bool = True  # choose a selection at the next fast step (after prefill / a slow step)
     decoded_since_refresh: int = 0
-    summaries: dict[int, torch.Tensor] = field(default_factory=dict)  # chunk -> [layers, kv_heads, head_dim]
+    summaries: dict[int, torch.Tensor] = field(default_factory=dict)  # chunk -> its summary (the policy's form)
     queries: torch.Tensor | None = None  # [layers, q_heads, head_dim] of the latest token(s) (query_window.py)
     query_tokens: torch.Tensor | None = None  # [tokens, layers, q_heads, head_dim]: the window ``queries`` holds
     last_used: dict[int, int] = field(default_factory=dict)  # chunk -> token count when written (LRU)
