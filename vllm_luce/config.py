@@ -85,8 +85,9 @@ SCHEMA: dict[str, dict[str, Key]] = {
                              help="chunks at the end of the context that always stay resident"),
         "policy": Key("salient", str, "one of 'lru', 'qk', 'bounds', 'salient', 'scorer', 'attention' (SFI only)",
                       lambda v: v in ("lru", "qk", "bounds", "salient", "scorer", "attention"),
-                      help="which chunks stay resident: salient (per chunk and KV head the key farthest from the chunk's "
-                           "mean key, in fp8: a quarter of qk's summary bytes; the default, docs/fidelity.md); "
+                      help="which chunks stay resident: salient (per chunk and KV head two keys, the one farthest from "
+                           "the chunk's mean key and the one farthest from both, their unrotated dims in int4: 0.2-0.26x "
+                           "qk's summary bytes; a chunk scores at least its predecessor; the default, docs/fidelity.md); "
                            "lru (sinks and the recent window); qk (cosine of each "
                            "chunk's mean key with the latest query); bounds (the largest possible attention logit "
                            "per 16-token page, from its key minimum and maximum in fp8, 2x QK's summary bytes); scorer (PFlash's drafter; "

@@ -4,8 +4,9 @@ A single token's query finds little: at a prompt's end the pager reselects with 
 before the last one (``prompt_end.py``), which in ``KEY_123 = "`` is `` =``, a token that occurs all over code.
 The tokens before it (the key's digits) are the ones whose queries point at the needle. Offline on the trained
 fixture (``benchmarks/kvflash_summary_study.py``, 20 needle prompts per length at 2K-8K), the needle's chunk
-ranked among the 3 best of 27-123 for 15-25% of prompts with that one token's queries and 75-95% with the last
-8 tokens', scored by salient keys; by key bounds 50-100% and 65-95% (``docs/fidelity.md``).
+ranked among the 3 best of 27-123 for 10-45% of prompts with that one token's queries and 90-100% with the last
+8 tokens', scored by the salient policy's two keys (one key: 15-25% and 75-95%); by key bounds 50-100% and 65-95%
+(``docs/fidelity.md``).
 
 Every policy scores ``pager.queries`` ``[layers, query rows, head]`` as query heads grouped over KV heads (the
 maximum over a group's rows, or its mean for none). The window keeps that form: each query head's tokens are
