@@ -53,6 +53,7 @@ from vllm_luce.kernels.chunk_bounds import bound_scores, bound_scores_naive  # n
 from vllm_luce.kernels.chunk_salient import salient_scores, salient_scores_naive  # noqa: E402
 from vllm_luce.kernels.chunk_salient.naive import pack_int4  # noqa: E402
 from vllm_luce.kernels.chunk_score import chunk_scores, chunk_scores_naive  # noqa: E402
+from vllm_luce.kvflash.host_pool import PinnedChunkPool  # noqa: E402
 from vllm_luce.kvflash.kv_store import PACKED_LAYOUT, PagedPoolStore  # noqa: E402
 from vllm_luce.kvflash.policies import QK, Bounds, Salient, outward_fp8  # noqa: E402
 
@@ -176,6 +177,10 @@ def salient(contexts: list[int], reps: int, window: int, pool_tokens: int, block
                                 "per_decoded_token_ms": round(ms["salient_keys"] / CHUNK, 5)}
     # Paging: a reselection pages in the chunks it chose and pages out as many (pinned host copies).
     selectable = pool_tokens // CHUNK - 5  # less the sink and the 4 recent chunks
+    chunk = store.read(0)  # host memory pinned up front, as the runtime's (host_pool.py)
+    pinned = PinnedChunkPool(tuple(chunk.shape), chunk.dtype, store.copy_stream)
+    pinned.reserve(2 * (selectable + 1) * chunk.numel() * chunk.element_size())
+    store.host_pool = lambda shape, dtype: pinned
     host = store.read_host(0)
     store.synchronize()
 
