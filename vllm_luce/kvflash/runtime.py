@@ -25,7 +25,6 @@ addresses held.
 
 from __future__ import annotations
 
-import copy
 import functools
 import time
 from types import SimpleNamespace
@@ -134,9 +133,8 @@ class KVFlashRuntime:
             queries = torch.zeros(len(self.caches), q_heads * self.query_window, self.head_size,
                                   device=summary.device)
             probe = SimpleNamespace(queries=queries, summaries={0: summary}, last_used={})
-            unreduced = copy.copy(self.policy)  # rope_dims and all, but no collective
-            unreduced.reduce_max = None
-            unreduced.scores(probe, [0])
+            rope = {"rope_dims": self.policy.rope_dims} if hasattr(self.policy, "rope_dims") else {}
+            type(self.policy)(**rope).scores(probe, [0])  # rope_dims as the policy's, but no collective
 
     def host_pool(self, shape: tuple[int, ...], dtype: torch.dtype) -> PinnedChunkPool:
         """The worker's pinned pool for chunks of ``shape``, shared by its requests and kept between them."""
