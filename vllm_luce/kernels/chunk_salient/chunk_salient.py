@@ -32,10 +32,35 @@ from vllm_luce.kernels.chunk_salient.naive import KEYS, row_bytes
 
 
 @triton.jit
-def _row(slots, token, block_size, stride_block, stride_token):
-    """Offset of the key row of ``token`` (an index into ``slots``) from its (layer, KV head) base."""
-    slot = tl.load(slots + token).to(tl.int64)
+def _row(slots, token, token_ok, block_size, stride_block, stride_token):
+    """Offset of the key row of ``token`` (an index into ``slots``, read where ``token_ok``) from its (layer, KV
+    head) base."""
+    slot = tl.load(slots + token, mask=token_ok, other=0).to(tl.int64)
     return (slot // block_size) * stride_block + (slot % block_size) * stride_token
+
+
+@triton.jit
+def _key_block(keys, slots, start, num_tokens, block_size, stride_block, stride_token, dims, dim_ok,
+               BLOCK_T: tl.constexpr):
+    """The keys of tokens ``start`` to ``start + BLOCK_T`` in fp32 ``[BLOCK_T, BLOCK_D]`` (0 past the chunk's end and
+    the head's dims), which of those tokens exist, and where both token and dim do."""
+    tokens = start + tl.arange(0, BLOCK_T)
+    token_ok = tokens < num_tokens
+    where = _row(slots, tokens, token_ok, block_size, stride_block, stride_token)
+    ok = token_ok[:, None] & dim_ok[None, :]
+    return tl.load(keys + where[:, None] + dims[None, :], mask=ok, other=0.0).to(tl.float32), token_ok, ok
+
+
+@triton.jit
+def _first_max(dist, token_ok, start, best, index):
+    """One block of a running first maximum over the chunk's tokens: (best, index) after this block's distances. A
+    NaN distance counts as +inf, a token past the end as -inf, and an earlier token keeps a tie."""
+    dist = tl.where(dist != dist, float("inf"), dist)
+    dist = tl.where(token_ok, dist, float("-inf"))
+    block_best = tl.max(dist, axis=0)
+    block_token = start + tl.argmax(dist, axis=0, tie_break_left=True)
+    better = block_best > best  # strictly: an earlier token keeps a tie
+    return tl.where(better, block_best, best), tl.where(better, block_token, index)
 
 
 @triton.jit
@@ -87,54 +112,34 @@ def _salient_keys_kernel(cache_base, layer_offsets, slots, out_ptr,
     keys = cache_base + tl.load(layer_offsets + layer) + head * stride_head  # K leads the row
     total = tl.zeros([BLOCK_D], tl.float32)
     for start in range(0, num_tokens, BLOCK_T):
-        tokens = start + tl.arange(0, BLOCK_T)
-        token_ok = tokens < num_tokens
-        where = _row(slots, tokens, block_size, stride_block, stride_token)
-        k = tl.load(keys + where[:, None] + dims[None, :], mask=token_ok[:, None] & dim_ok[None, :], other=0.0)
-        total += tl.sum(k.to(tl.float32), axis=0)
+        k, token_ok, ok = _key_block(keys, slots, start, num_tokens, block_size, stride_block, stride_token, dims,
+                                     dim_ok, BLOCK_T)
+        total += tl.sum(k, axis=0)
     mean = total / num_tokens
     # Key 1: the first token farthest from the mean.
     best = tl.full([1], float("-inf"), tl.float32)
     first = tl.zeros([1], tl.int32)
     for start in range(0, num_tokens, BLOCK_T):
-        tokens = start + tl.arange(0, BLOCK_T)
-        token_ok = tokens < num_tokens
-        where = _row(slots, tokens, block_size, stride_block, stride_token)
-        ok = token_ok[:, None] & dim_ok[None, :]
-        k = tl.load(keys + where[:, None] + dims[None, :], mask=ok, other=0.0).to(tl.float32)
+        k, token_ok, ok = _key_block(keys, slots, start, num_tokens, block_size, stride_block, stride_token, dims,
+                                     dim_ok, BLOCK_T)
         diff = tl.where(ok, k - mean[None, :], 0.0)
-        dist = tl.sum(diff * diff, axis=1)
-        dist = tl.where(dist != dist, float("inf"), dist)  # NaN counts as +inf
-        dist = tl.where(token_ok, dist, float("-inf"))
-        block_best = tl.max(dist, axis=0)
-        block_token = start + tl.argmax(dist, axis=0, tie_break_left=True)
-        better = block_best > best  # strictly: an earlier token keeps a tie
-        first = tl.where(better, block_token, first)
-        best = tl.where(better, block_best, best)
-    first_row = keys + _row(slots, first, block_size, stride_block, stride_token)  # [1]
+        best, first = _first_max(tl.sum(diff * diff, axis=1), token_ok, start, best, first)
+    first_row = keys + _row(slots, first, first < num_tokens, block_size, stride_block, stride_token)  # [1]
     k1 = tl.load(first_row[:, None] + dims[None, :], mask=dim_ok[None, :], other=0.0).to(tl.float32)  # [1, BLOCK_D]
     # Key 2: the first token farthest from both the mean and key 1 (the smaller of its two distances).
     best = tl.full([1], float("-inf"), tl.float32)
     second = tl.zeros([1], tl.int32)
     for start in range(0, num_tokens, BLOCK_T):
-        tokens = start + tl.arange(0, BLOCK_T)
-        token_ok = tokens < num_tokens
-        where = _row(slots, tokens, block_size, stride_block, stride_token)
-        ok = token_ok[:, None] & dim_ok[None, :]
-        k = tl.load(keys + where[:, None] + dims[None, :], mask=ok, other=0.0).to(tl.float32)
+        k, token_ok, ok = _key_block(keys, slots, start, num_tokens, block_size, stride_block, stride_token, dims,
+                                     dim_ok, BLOCK_T)
         diff = tl.where(ok, k - mean[None, :], 0.0)
         to_mean = tl.sum(diff * diff, axis=1)
         diff = tl.where(ok, k - k1, 0.0)
         to_first = tl.sum(diff * diff, axis=1)
-        dist = tl.minimum(to_mean, to_first)
-        dist = tl.where((to_mean != to_mean) | (to_first != to_first), float("inf"), dist)  # NaN counts as +inf
-        dist = tl.where(token_ok, dist, float("-inf"))
-        block_best = tl.max(dist, axis=0)
-        block_token = start + tl.argmax(dist, axis=0, tie_break_left=True)
-        better = block_best > best
-        second = tl.where(better, block_token, second)
-        best = tl.where(better, block_best, best)
-    second_row = keys + _row(slots, second, block_size, stride_block, stride_token)
+        nan = (to_mean != to_mean) | (to_first != to_first)  # either NaN: the pair's distance is NaN, so +inf
+        best, second = _first_max(tl.where(nan, float("nan"), tl.minimum(to_mean, to_first)), token_ok, start, best,
+                                  second)
+    second_row = keys + _row(slots, second, second < num_tokens, block_size, stride_block, stride_token)
     out = out_ptr + layer.to(tl.int64) * stride_ol + head * stride_oh + tl.zeros([1], tl.int64)
     stored = head_dim - rope_dims
     _pack_key(first_row, out, rope_dims, stored, num_bytes, BLOCK_B)
