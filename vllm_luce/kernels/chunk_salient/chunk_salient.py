@@ -28,7 +28,7 @@ import triton.language as tl
 
 from vllm_luce.kernels._triton import FLOAT_DTYPES, MAX_HEAD_DIM, autotune, check_device, check_key_read, scores_out
 from vllm_luce.kernels.chunk_copy import LayerCaches
-from vllm_luce.kernels.chunk_salient.naive import KEYS, row_bytes
+from vllm_luce.kernels.chunk_salient.naive import KEYS, check_rope_dims, row_bytes
 
 
 @triton.jit
@@ -203,17 +203,12 @@ def _salient_scores_kernel(
     tl.store(out_ptr + chunks.to(tl.int64) * stride_oc + layer * stride_ol, best, mask=chunks < num_chunks)
 
 
-def _check_rope_dims(name: str, rope_dims: int, head_dim: int) -> None:
-    if not 0 <= rope_dims < head_dim:
-        raise ValueError(f"{name}: rope_dims must be in [0, {head_dim}), got {rope_dims}")
-
-
 def salient_keys(caches: LayerCaches, slots: torch.Tensor, head_dim: int, rope_dims: int = 0,
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """[layers, kv_heads, 2, row_bytes(head_dim - rope_dims)] uint8 (``out`` if given): per layer and KV head, key 1
     and key 2 of the keys at ``slots``, packed (``salient_keys_naive``). One launch for all layers."""
     check_key_read("salient_keys", caches, slots, head_dim)
-    _check_rope_dims("salient_keys", rope_dims, head_dim)
+    check_rope_dims("salient_keys", rope_dims, head_dim)
     layers, heads, num_bytes = len(caches.caches), caches.heads, row_bytes(head_dim - rope_dims) - 2
     shape = (layers, heads, KEYS, num_bytes + 2)
     if out is None:
@@ -246,7 +241,7 @@ def salient_scores(queries: torch.Tensor, summaries: torch.Tensor, rope_dims: in
     num_chunks, k_layers, hkv, keys, k_bytes = summaries.shape
     if not 0 < head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"salient_scores: head size must be 1 to {MAX_HEAD_DIM}, got {head_dim}")
-    _check_rope_dims("salient_scores", rope_dims, head_dim)
+    check_rope_dims("salient_scores", rope_dims, head_dim)
     dims = head_dim - rope_dims
     if (k_layers, keys, k_bytes) != (layers, KEYS, row_bytes(dims)):
         raise ValueError(f"salient_scores: summaries {list(summaries.shape)} do not match queries "

@@ -26,6 +26,12 @@ from vllm_luce.kernels.chunk_copy.naive import gather_tokens_naive
 KEYS = 2  # summary keys per chunk, layer and KV head
 
 
+def check_rope_dims(name: str, rope_dims: int, head_dim: int) -> None:
+    """The rotated dims left out of a summary must leave at least one dim to score."""
+    if not 0 <= rope_dims < head_dim:
+        raise ValueError(f"{name}: rope_dims must be in [0, {head_dim}), got {rope_dims}")
+
+
 def row_bytes(dims: int) -> int:
     """Bytes of one packed key of ``dims`` scored dims: the int4 values two to a byte, then the fp16 scale."""
     return (dims + 1) // 2 + 2
@@ -79,8 +85,7 @@ def salient_decode(packed: torch.Tensor, dims: int) -> torch.Tensor:
 def salient_from_keys(keys: torch.Tensor, rope_dims: int = 0) -> torch.Tensor:
     """keys [layers, tokens, kv_heads, head] -> [layers, kv_heads, 2, row_bytes(head - rope_dims)] uint8: key 1 and
     key 2 of each layer and KV head, their dims from ``rope_dims`` on packed as int4."""
-    if not 0 <= rope_dims < keys.shape[-1]:
-        raise ValueError(f"salient_from_keys: rope_dims must be in [0, {keys.shape[-1]}), got {rope_dims}")
+    check_rope_dims("salient_from_keys", rope_dims, keys.shape[-1])
     return pack_int4(salient_pair(keys)[..., rope_dims:])
 
 
