@@ -2,7 +2,8 @@
 vLLM import).
 
 A page-out copies to pinned memory asynchronously, on the copy stream; to pageable memory the copy is synchronous
-(about a millisecond per 9.4 MB chunk of the 8B shape on an H200, about 0.1 s per GB). Pinning itself is the
+and stalls the engine too (on an H200, 59 chunks of 9.4 MB paged out and back in through pageable memory took
+580 ms against 22 ms pinned: ``benchmarks/kvflash_scoring.py``). Pinning itself is the
 expensive part, and it must not happen while the server serves: through vLLM on an H200 (kvflash_gpu at 12c671b)
 pinning slabs in a background thread during prefills cost about 1 s per GB pinned, stalling the engine: time to
 first token 19.1 s at 128K (vLLM alone 11.5 s), prompt-end reselections 0.13-0.73 s, and the last of 8 x 64K
