@@ -13,7 +13,9 @@ process of its own (the test-only classes register in that process, so its engin
 * ``none``, ``control``: no speculation, vLLM alone (``VLLM_PLUGINS`` empty); control over none is the A/A ratio;
 * ``fixed``: vLLM alone, DFlash with every draft verified (K = 15);
 * ``dynamic``: vLLM alone, DFlash with vLLM's ``num_speculative_tokens_per_batch_size`` (``DYNAMIC_TABLE``);
-* ``gated``: vllm-luce with its gate (the default when vLLM speculates with DFlash).
+* ``gated``: vllm-luce with its gate (the default when vLLM speculates with DFlash);
+* ``ungated``: vllm-luce with the gate off (``{"dflash": {"gate": false}}``), every draft verified: fixed DFlash
+  with the plugin loaded, so that gated against ungated is the gate's own effect.
 At each concurrency c (c requests submitted together, prompts of ``--prompt-tokens`` random ids on their own
 token ranges, ``--max-tokens`` out, greedy, ``ignore_eos``) an engine runs one warm-up pass (the gate calibrates
 there), then ``--repeats`` measured passes; a cell is the median of its passes' output tokens / wall seconds,
@@ -36,7 +38,7 @@ from pathlib import Path
 
 from benchmarks.vllm_gpu_common import header
 
-MODES = ("none", "control", "fixed", "dynamic", "gated")
+MODES = ("none", "control", "fixed", "dynamic", "gated", "ungated")
 VLLM_ALONE = {"none", "control", "fixed", "dynamic"}
 # vLLM's dynamic speculation is a static table of K by batch size (inclusive ranges): the full block for small
 # batches, fewer drafts as the batch grows and verification competes with other requests, none beyond 64.
@@ -124,8 +126,8 @@ def engine_specs(args, root: Path) -> list[dict]:
                 if mode == "dynamic":
                     speculative["num_speculative_tokens_per_batch_size"] = [list(r) for r in args.dynamic_table]
                 llm["speculative_config"] = speculative
-            if mode == "gated":
-                llm["additional_config"] = {"luce": {"dflash": {"gate": True}}}
+            if mode in ("gated", "ungated"):
+                llm["additional_config"] = {"luce": {"dflash": {"gate": mode == "gated"}}}
             name = mode if level is None else f"{mode}@{level}"
             specs.append({"name": name, "mode": mode, "level": level, "target": str(target), "llm": llm,
                           "plugins": mode not in VLLM_ALONE, "concurrency": args.concurrency,
@@ -189,7 +191,7 @@ def table(results: dict, levels: list[float], concurrency: list[int]) -> tuple[l
         for c in concurrency:
             none = rate("none", c)
             row = {"level": level, "concurrency": c, "none_tok_s": none and round(none, 1)}
-            for mode in ("control", "fixed", "dynamic", "gated"):
+            for mode in ("control", "fixed", "dynamic", "gated", "ungated"):
                 r = rate(mode if mode == "control" else f"{mode}@{level}", c)
                 row[f"{mode}/none"] = round(r / none, 3) if r and none else None
             row["accepted_per_draft(fixed)"] = accepted(f"fixed@{level}", c)
