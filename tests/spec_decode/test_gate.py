@@ -81,6 +81,11 @@ def test_a_run_ends_when_the_batch_changes_regime():
     assert gate.regime(16).runs == {True: 0, False: 1} and gate.regime(4).runs == {True: 1, False: 1}
 
 
+# A near tie is re-run every explore_every steps, the floor, whatever the budget: there a run's transition (a
+# speculative step committing one token) is most of the loss, about 1.1% at a 5% gap.
+NEAR_TIE_LOSS = 0.015
+
+
 @pytest.mark.parametrize("spec_rate, plain_rate", [(300.0, 100.0), (100.0, 400.0), (105.0, 100.0)])
 def test_exploration_loses_at_most_its_budget(spec_rate, plain_rate):
     """Committed tokens per second over a long run, transitions and explorations included, against always running
@@ -88,7 +93,9 @@ def test_exploration_loses_at_most_its_budget(spec_rate, plain_rate):
     config, totals = GateConfig(), []
     simulate(SpecGate(config), 20_000, spec_rate, plain_rate, totals=totals)
     tokens, seconds = totals
-    assert tokens / seconds >= max(spec_rate, plain_rate) * (1 - 2 * config.explore_budget), tokens / seconds
+    near_tie = max(spec_rate, plain_rate) / min(spec_rate, plain_rate) < 1.1
+    allowed = NEAR_TIE_LOSS if near_tie else 2 * config.explore_budget
+    assert tokens / seconds >= max(spec_rate, plain_rate) * (1 - allowed), tokens / seconds
 
 
 def test_decisive_gaps_are_explored_less_often():

@@ -38,7 +38,7 @@ class GateConfig:
     run_length: int = 3  # steps a decision holds
     min_samples: int = 2  # measured steps of each mode before a regime decides
     smoothing: float = 0.25  # weight of a new sample in the moving averages
-    explore_budget: float = 0.01  # share of time re-running the losing mode may lose against the winner
+    explore_budget: float = 0.005  # share of time re-running the losing mode may lose against the winner
     explore_every: int = 64  # fewest steps of a regime between two such re-runs
     max_explore_every: int = 4096  # most steps between them
     patience: int = 4  # verify steps below break-even before a request stops drafting
