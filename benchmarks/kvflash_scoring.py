@@ -23,8 +23,9 @@ plus the bandwidth the scoring kernel reaches on the summary bytes against a dev
   (one launch, keys only, fp8 written in the kernel) against the per-layer torch path (gather, min/max
   per page, ``outward_fp8``); both must give the same bytes.
 
-``salient``, the salient-key policy (two int4 keys per chunk, layer and KV head with their fp16 scales, ``[chunks,
-layers, 8, 2, 66]`` uint8: 132 B per layer and KV head, 0.26x QK's bytes: 19.5, 77.9 and 156 MB), scored with a query
+``salient``, the salient-key policy (two int4 keys per chunk, layer and KV head with their fp16 scales, of every dim
+but the two fastest-rotating pairs, since Qwen3-8B rotates the whole head: ``[chunks, layers, 8, 2, 64]`` uint8, 128 B
+per layer and KV head, 0.25x QK's bytes: 18.9, 75.5 and 151 MB), scored with a query
 window of ``--window`` tokens (rows ``[36, 32 x window, 128]``):
 * ``ms``: ``kernels.chunk_salient.salient_scores`` against its torch reference on the same GPU, and ``Salient.scores``
   as a reselection runs it (``policy``: stack, kernel, layer max, one device-to-host copy, the neighbour rule);
@@ -56,8 +57,10 @@ from vllm_luce.kernels.chunk_score import chunk_scores, chunk_scores_naive  # no
 from vllm_luce.kvflash.host_pool import PinnedChunkPool  # noqa: E402
 from vllm_luce.kvflash.kv_store import PACKED_LAYOUT, PagedPoolStore  # noqa: E402
 from vllm_luce.kvflash.policies import QK, Bounds, Salient, outward_fp8  # noqa: E402
+from vllm_luce.kernels.scored_dims import FAST_PAIRS, ScoredDims  # noqa: E402
 
 LAYERS, HQ, HKV, D, BLOCK, CHUNK = 36, 32, 8, 128, 16, 64
+SCORED = ScoredDims(FAST_PAIRS, D // 2)  # RoPE rotates the whole head: all but its two fastest pairs
 
 
 class _Pager:
@@ -169,10 +172,10 @@ def salient(contexts: list[int], reps: int, window: int, pool_tokens: int, block
     dev, out = torch.device("cuda"), {"window": window, "pool_tokens": pool_tokens, "decode_step_ms": step_ms}
     g = torch.Generator(device=dev).manual_seed(2)
     store, torch_path = _stores(blocks)
-    fused, plain = store.salient_keys(5), torch_path.salient_keys(5)
+    fused, plain = store.salient_keys(5, SCORED), torch_path.salient_keys(5, SCORED)
     assert torch.equal(fused, plain), "salient keys differ from the torch path"
-    ms = {"salient_keys": timed(lambda: store.salient_keys(5), reps),
-          "torch_per_layer": timed(lambda: torch_path.salient_keys(5), reps)}
+    ms = {"salient_keys": timed(lambda: store.salient_keys(5, SCORED), reps),
+          "torch_per_layer": timed(lambda: torch_path.salient_keys(5, SCORED), reps)}
     out["summary_one_chunk"] = {"ms": {k: round(v, 4) for k, v in ms.items()},
                                 "per_decoded_token_ms": round(ms["salient_keys"] / CHUNK, 5)}
     # Paging: a reselection pages in the chunks it chose and pages out as many (pinned host copies).
@@ -196,17 +199,17 @@ def salient(contexts: list[int], reps: int, window: int, pool_tokens: int, block
     for context in contexts:
         chunks = context // CHUNK
         queries = torch.randn(LAYERS, HQ * window, D, device=dev, generator=g)  # the window's rows
-        keys = pack_int4(torch.randn(chunks, LAYERS, HKV, 2, D, device=dev, generator=g))  # packed summaries
-        got = salient_scores(queries, keys)
-        torch.testing.assert_close(got, salient_scores_naive(queries, keys), atol=1e-4, rtol=1e-5)
+        keys = pack_int4(torch.randn(chunks, LAYERS, HKV, 2, SCORED.count(D), device=dev, generator=g))  # packed
+        got = salient_scores(queries, keys, SCORED)
+        torch.testing.assert_close(got, salient_scores_naive(queries, keys, SCORED), atol=1e-4, rtol=1e-5)
         pager = _Pager(queries, {c: keys[c].clone() for c in range(chunks)})
         ids = list(range(chunks))
         own = got.amax(-1).cpu()
         expected = torch.cat([own[:1], torch.maximum(own[1:], own[:-1])])  # each chunk at least its predecessor
-        torch.testing.assert_close(Salient().scores(pager, ids), expected, atol=1e-4, rtol=1e-5)
-        ms = {"triton": timed(lambda: salient_scores(queries, keys), reps),
-              "torch_gpu": timed(lambda: salient_scores_naive(queries, keys), max(1, reps // 4)),
-              "policy": _host_ms(lambda: Salient().scores(pager, ids), reps)}
+        torch.testing.assert_close(Salient(scored=SCORED).scores(pager, ids), expected, atol=1e-4, rtol=1e-5)
+        ms = {"triton": timed(lambda: salient_scores(queries, keys, SCORED), reps),
+              "torch_gpu": timed(lambda: salient_scores_naive(queries, keys, SCORED), max(1, reps // 4)),
+              "policy": _host_ms(lambda: Salient(scored=SCORED).scores(pager, ids), reps)}
         tau = max(16, context // 45)
         between_ms = tau * step_ms
         out[f"{context // 1024}K"] = {

@@ -2,6 +2,7 @@
 among the chunks a prompt-end reselection chooses from, for each summary and query set?
 
     python -m benchmarks.kvflash_summary_study --tokens 2048 4096 8192 --seeds 4 [--distractors 2]
+    python -m benchmarks.kvflash_summary_study --model scorer   # the trained Qwen3 dense scorer: RoPE on every dim
 
 For each needle prompt (``fixtures/needle.py``, depths 0.1-0.9) the trained target runs once in HF
 transformers on the CPU (fp32) with the post-RoPE keys of its two full-attention layers and the queries of the
@@ -20,7 +21,9 @@ maximum over query rows, heads and (but for qk) layers; bytes per chunk relative
   the two-key one);
 * ``salient/1-key/no-rope``: the same without the head dims RoPE rotates (the fixture rotates a quarter);
 * ``salient`` (0.2x on the fixture): the policy's summary and score (``policies.Salient``): two int4 keys of the
-  unrotated dims, the best logit over both, and at least the preceding chunk's score;
+  unrotated dims (where every dim rotates, as in the scorer: all but the two fastest-rotating pairs; 0.25x), the
+  best logit over both, and at least the preceding chunk's score;
+* ``salient/every-dim``: the same summary of every head dim (0.26x where every dim rotates);
 * ``exact``: the largest logit over all of the chunk's keys (no summary; SFI's ``attention``).
 This is a ranking proxy: through vLLM the queries come from a pooled prefill and the pool's recent tail is the
 prompt's; ``benchmarks/kvflash_needle.py`` measures retrieval itself.
@@ -38,18 +41,27 @@ import torch
 from benchmarks import report
 from fixtures import needle as N
 from fixtures.trained import heldout_files, trained_model
+from vllm_luce.kernels.scored_dims import FAST_PAIRS, ScoredDims
 
 CHUNK, PAGE, WINDOW = 64, 16, 8
 
 
-def capture(tokens: int, seeds: int, distractors: int) -> list[dict]:
+MODELS = {"qwen36-target": "transformers.models.qwen3_5.modeling_qwen3_5",
+          "scorer": "transformers.models.qwen3.modeling_qwen3"}
+
+
+def capture(tokens: int, seeds: int, distractors: int, name: str = "qwen36-target") -> list[dict]:
     """Keys [layers, kv_heads, T, D] (bf16, as vLLM's cache holds them), the last 9 tokens' queries and the
-    digits' token indices of every needle prompt."""
-    import transformers.models.qwen3_5.modeling_qwen3_5 as qwen
+    digits' token indices of every needle prompt, from the trained model ``name`` (its full-attention layers)."""
+    import importlib
+
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    qwen = importlib.import_module(MODELS[name])
     tokenizer = AutoTokenizer.from_pretrained(str(trained_model("tokenizer")))
-    model = AutoModelForCausalLM.from_pretrained(trained_model("qwen36-target"), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(trained_model(name), dtype=torch.float32).eval()
+    head = model.config.head_dim
+    rotated = int(head * (getattr(model.config, "partial_rotary_factor", None) or 1.0))
     seen, rotary = [], qwen.apply_rotary_pos_emb
 
     def keep(q, k, *args, **kwargs):
@@ -71,7 +83,8 @@ def capture(tokens: int, seeds: int, distractors: int) -> list[dict]:
                 model(input_ids=torch.tensor([enc["input_ids"]]), use_cache=False)
             out.append({"keys": torch.stack([k for _, k in seen]).to(torch.bfloat16),
                         "queries": torch.stack([q for q, _ in seen]).float(), "digits": digits,
-                        "rope_dims": int(model.config.head_dim * model.config.partial_rotary_factor)})
+                        "rope_dims": rotated % head,  # the leading ones; 0 where every dim rotates
+                        "scored": ScoredDims(rotated) if rotated < head else ScoredDims(FAST_PAIRS, head // 2)})
         return out
     finally:
         qwen.apply_rotary_pos_emb = rotary
@@ -96,11 +109,13 @@ def _fp8_outward(lo, hi):
     return lo.to(torch.float8_e5m2).float(), hi.to(torch.float8_e5m2).float()
 
 
-def score(summary: str, keys: torch.Tensor, queries: torch.Tensor, chunks: int, rope_dims: int = 0) -> torch.Tensor:
-    """[chunks] scores of ``summary`` with query rows [L, Hq, W, D]; the ``no-rope`` one-key summary and ``salient``
-    leave out the leading ``rope_dims`` that RoPE rotates (the policy's scoring where a model rotates part of each
-    head)."""
+def score(summary: str, keys: torch.Tensor, queries: torch.Tensor, chunks: int, rope_dims: int = 0,
+          scored: ScoredDims = ScoredDims()) -> torch.Tensor:
+    """[chunks] scores of ``summary`` with query rows [L, Hq, W, D]; the ``no-rope`` one-key summary leaves out the
+    leading ``rope_dims`` that RoPE rotates, ``salient`` keeps the ``scored`` dims (the policy's)."""
     layers, hkv, _, d = keys.shape
+    if summary == "salient/every-dim":
+        summary, scored = "salient", ScoredDims()
     if summary == "salient/1-key/no-rope":
         summary, queries = "salient/1-key", queries.clone()
         queries[..., :rope_dims] = 0
@@ -124,15 +139,16 @@ def score(summary: str, keys: torch.Tensor, queries: torch.Tensor, chunks: int, 
     if summary == "salient":
         from vllm_luce.kernels.chunk_salient.naive import salient_from_keys, salient_scores_naive
 
-        packed = torch.stack([salient_from_keys(c, rope_dims) for c in k.to(torch.bfloat16)])  # [C, L, H, 2, bytes]
+        packed = torch.stack([salient_from_keys(c, scored) for c in k.to(torch.bfloat16)])  # [C, L, H, 2, bytes]
         rows = queries.reshape(layers, -1, d)  # each head's window rows adjacent, as query_window.py keeps them
-        own = salient_scores_naive(rows, packed, rope_dims).amax(-1)
+        own = salient_scores_naive(rows, packed, scored).amax(-1)
         return torch.cat([own[:1], torch.maximum(own[1:], own[:-1])])  # at least the preceding chunk's score
     raise ValueError(summary)
 
 
 QUERIES = {"token before last": slice(WINDOW - 1, WINDOW), "window 8": slice(0, WINDOW), "last token": slice(WINDOW, None)}
-SUMMARIES = ("qk", "bounds", "bounds/64", "salient/1-key", "salient/1-key/no-rope", "salient", "exact")
+SUMMARIES = ("qk", "bounds", "bounds/64", "salient/1-key", "salient/1-key/no-rope", "salient", "salient/every-dim",
+             "exact")
 
 
 def rank_all(cases: list[dict]) -> dict:
@@ -144,7 +160,7 @@ def rank_all(cases: list[dict]) -> dict:
                 keys, t = case["keys"], case["keys"].shape[2]
                 chunks, total = t // CHUNK, math.ceil(t / CHUNK)
                 candidates = [c for c in range(1, total - 4) if c < chunks]
-                s = score(summary, keys, case["queries"][:, :, rows], chunks, case["rope_dims"])[candidates]
+                s = score(summary, keys, case["queries"][:, :, rows], chunks, case["rope_dims"], case["scored"])[candidates]
                 order = [candidates[i] for i in torch.argsort(s, descending=True, stable=True).tolist()]
                 rank = max(order.index(c) if c in candidates else -1 for c in {d // CHUNK for d in case["digits"]})
                 top3, top11 = top3 + (rank < 3), top11 + (rank < 11)
@@ -157,14 +173,15 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, nargs="+", default=[2048, 4096, 8192])
     ap.add_argument("--seeds", type=int, default=4)
     ap.add_argument("--distractors", type=int, default=0)
+    ap.add_argument("--model", default="qwen36-target", choices=list(MODELS), help="the trained model whose keys")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     torch.set_num_threads(2)
     rows = {}
     for tokens in args.tokens:
-        rows[str(tokens)] = rank_all(capture(tokens, args.seeds, args.distractors))
+        rows[str(tokens)] = rank_all(capture(tokens, args.seeds, args.distractors, args.model))
         print(json.dumps({"tokens": tokens, **rows[str(tokens)]}), flush=True)
-    return report({"distractors": args.distractors, "cases_per_length": 5 * args.seeds, "ranks": rows}, args.json)
+    return report({"model": args.model, "distractors": args.distractors, "cases_per_length": 5 * args.seeds, "ranks": rows}, args.json)
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "policy": Key("salient", str, "one of 'lru', 'qk', 'bounds', 'salient', 'scorer', 'attention' (SFI only)",
                       lambda v: v in ("lru", "qk", "bounds", "salient", "scorer", "attention"),
                       help="which chunks stay resident: salient (per chunk and KV head two keys, the one farthest from "
-                           "the chunk's mean key and the one farthest from both, their unrotated dims in int4: 0.2-0.26x "
+                           "the chunk's mean key and the one farthest from both, their unrotated dims in int4: 0.2-0.25x "
                            "qk's summary bytes; a chunk scores at least its predecessor; the default, docs/fidelity.md); "
                            "lru (sinks and the recent window); qk (cosine of each "
                            "chunk's mean key with the latest query); bounds (the largest possible attention logit "

@@ -16,6 +16,7 @@ from vllm_luce.kernels.chunk_copy.naive import gather_tokens_naive
 from vllm_luce.kernels.chunk_salient import (row_bytes, salient_decode, salient_keys, salient_keys_naive,
                                              salient_scores, salient_scores_naive)
 from vllm_luce.kernels.chunk_salient.naive import pack_int4
+from vllm_luce.kernels.scored_dims import ScoredDims as S
 from vllm_luce.kvflash.policies import Salient
 
 pytestmark = pytest.mark.kernel
@@ -47,38 +48,39 @@ def _set_key(cache, slot, head, value):
     cache[block, head, offset, : len(value)] = value.to(cache.dtype)
 
 
-# layers, blocks x block size, KV heads, head size, rotated dims, dtype, slots
+# layers, blocks x block size, KV heads, head size, scored dims, dtype, slots
 KEY_CASES = [
-    (1, 5, 16, 1, 64, 0, torch.bfloat16, 16),
-    (3, 7, 16, 3, 128, 0, torch.float16, 64),     # a 64-token chunk over blocks of 16, 3 KV heads
-    (2, 9, 5, 3, 72, 24, torch.float32, 37),      # odd block size, token count and head count; partial RoPE
-    (2, 9, 5, 2, 63, 16, torch.bfloat16, 37),     # odd head size, 47 stored dims: the last high nibble pads
-    (1, 3, 4, 1, 1, 0, torch.float32, 5),         # head size 1
-    (2, 3, 4, 1, 3, 2, torch.float32, 5),         # one stored dim
-    (2, 50, 16, 2, 64, 16, torch.bfloat16, 600),  # 600 tokens: several token blocks, both keys in late ones
+    (1, 5, 16, 1, 64, S(), torch.bfloat16, 16),
+    (3, 7, 16, 3, 128, S(2, 64), torch.float16, 64),  # a 64-token chunk over blocks of 16; all rotated, 2 fast pairs
+    (2, 9, 5, 3, 72, S(24), torch.float32, 37),       # odd block size, token count and head count; partial RoPE
+    (2, 9, 5, 2, 63, S(16), torch.bfloat16, 37),      # odd head size, 47 stored dims: the last high nibble pads
+    (2, 9, 5, 3, 72, S(6, 36), torch.bfloat16, 37),   # the first 6 pairs of each neox half rotate (Gemma 4's way)
+    (1, 3, 4, 1, 1, S(), torch.float32, 5),           # head size 1
+    (2, 3, 4, 1, 3, S(2), torch.float32, 5),          # one stored dim
+    (2, 50, 16, 2, 64, S(16), torch.bfloat16, 600),   # 600 tokens: several token blocks, both keys in late ones
 ]
 
 
 @pytest.mark.parametrize("layout", CACHE_LAYOUTS)
-@pytest.mark.parametrize("layers,blocks,block,heads,d,rope,dtype,n", KEY_CASES,
-                         ids=[f"l{c[0]}-b{c[1]}x{c[2]}-h{c[3]}-d{c[4]}-r{c[5]}-{str(c[6])[6:]}-n{c[7]}"
+@pytest.mark.parametrize("layers,blocks,block,heads,d,scored,dtype,n", KEY_CASES,
+                         ids=[f"l{c[0]}-b{c[1]}x{c[2]}-h{c[3]}-d{c[4]}-s{c[5][0]}p{c[5][1]}-{str(c[6])[6:]}-n{c[7]}"
                               for c in KEY_CASES])
-def test_salient_keys_equal_the_reference_bytes(device, layout, layers, blocks, block, heads, d, rope, dtype, n):
+def test_salient_keys_equal_the_reference_bytes(device, layout, layers, blocks, block, heads, d, scored, dtype, n):
     caches = _caches(layers, blocks, heads, block, d, dtype, device, layout, seed=n)
     slots = torch.randperm(blocks * block, generator=torch.Generator().manual_seed(d))[:n].to(device)
     if n == 600:  # layer 1, head 0: key 1 in the last token block, key 2 (the opposite way) in the one before
         _set_key(caches[1], slots[-3], 0, torch.full((d,), 13.0, device=device))
         _set_key(caches[1], slots[-300], 0, torch.full((d,), -11.0, device=device))
-    dims = d - rope
+    dims = scored.count(d)
     out = torch.full((layers, heads, 2, row_bytes(dims)), POISON, dtype=torch.uint8, device=device)
-    assert salient_keys(LayerCaches(caches), slots, d, rope, out=out) is out
-    ref = salient_keys_naive(caches, slots, d, rope)
+    assert salient_keys(LayerCaches(caches), slots, d, scored, out=out) is out
+    ref = salient_keys_naive(caches, slots, d, scored)
     assert ref.shape == out.shape and not salient_decode(ref, dims).isnan().any()
     _same_packed(out, ref, dims)
     keys = gather_tokens_naive(caches, slots)[..., :d]  # [L, T, H, D]: each summary key is one of the chunk's keys
     for layer in range(layers):
         for head in range(heads):
-            candidates = pack_int4(keys[layer, :, head, rope:])  # [T, bytes]
+            candidates = pack_int4(keys[layer, :, head, scored.index(d)])  # [T, bytes]
             for key in range(2):
                 assert (candidates == out[layer, head, key]).all(dim=-1).any()
     if n == 600:
@@ -117,8 +119,8 @@ def test_salient_keys_with_infinite_and_nan_keys_pick_and_pack_as_the_torch_path
     _set_key(caches[1], 16, 1, inf)
     _set_key(caches[0], 8, 3, torch.tensor([1.0] * 15 + [float("nan")]))  # the first token: NaN in a stored dim
     _set_key(caches[1], 8, 3, torch.tensor([float("inf")] + [1.0] * 15))  # the first token: inf in a rotated dim
-    got = salient_keys(LayerCaches(caches), slots, 16, 4)
-    ref = salient_keys_naive(caches, slots, 16, 4)
+    got = salient_keys(LayerCaches(caches), slots, 16, S(4))
+    ref = salient_keys_naive(caches, slots, 16, S(4))
     _same_packed(got, ref, 12)
     decoded = salient_decode(got, 12)
     first = gather_tokens_naive(caches, slots[:1])[:, 0, :, 4:16]  # [L, H, 12]
@@ -137,8 +139,8 @@ def test_salient_keys_refuse_fp8_caches_and_bad_outputs(device):
         salient_keys(LayerCaches(caches), torch.arange(4, device=device), 8, out=torch.empty(1, 2, 2, 8))
     with pytest.raises(ValueError, match="non-empty"):
         salient_keys(LayerCaches(caches), torch.arange(0, device=device), 8)
-    with pytest.raises(ValueError, match="rope_dims"):
-        salient_keys(LayerCaches(caches), torch.arange(4, device=device), 8, 8)
+    with pytest.raises(ValueError, match="scored dims"):
+        salient_keys(LayerCaches(caches), torch.arange(4, device=device), 8, S(8))
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -154,10 +156,10 @@ def test_kvflash_store_salient_keys_through_the_kernel_equal_the_torch_path(devi
 
     fused, plain = store(), store()
     fused.mover, plain.mover = LayerCaches(fused.views), None  # a GPU store makes its mover itself
-    for rope, position in ((0, 0), (10, 1)):
-        got = Salient(rope_dims=rope).summarize(fused, position)
-        assert got.shape == (3, 2, 2, row_bytes(40 - rope)) and got.dtype == torch.uint8
-        assert torch.equal(got, Salient(rope_dims=rope).summarize(plain, position))
+    for scored, position in ((S(), 0), (S(10), 1), (S(2, 20), 1)):
+        got = Salient(scored=scored).summarize(fused, position)
+        assert got.shape == (3, 2, 2, row_bytes(scored.count(40))) and got.dtype == torch.uint8
+        assert torch.equal(got, Salient(scored=scored).summarize(plain, position))
 
 
 def _summaries(chunks, layers, hkv, dims, seed, device):
@@ -165,41 +167,44 @@ def _summaries(chunks, layers, hkv, dims, seed, device):
     return pack_int4(torch.randn(chunks, layers, hkv, 2, dims, generator=g) * 2).to(device)
 
 
-# chunks, layers, query rows, KV heads, head size, rotated dims, query dtype
+# chunks, layers, query rows, KV heads, head size, scored dims, query dtype
 SCORE_CASES = [
-    (1, 1, 1, 1, 1, 0, torch.float32),
-    (37, 3, 12, 3, 64, 16, torch.float32),     # groups of 4 over 3 KV heads; 37 chunks span two blocks
-    (5, 2, 8, 8, 128, 0, torch.bfloat16),      # no grouping
-    (9, 2, 32, 1, 128, 0, torch.float16),      # one KV head, 4 heads x a window of 8 tokens
-    (3, 1, 6, 2, 81, 16, torch.bfloat16),      # odd head size, 65 stored dims
-    (4, 2, 9, 3, 33, 0, torch.float32),        # odd group (3) over 3 KV heads, 33 stored dims
+    (1, 1, 1, 1, 1, S(), torch.float32),
+    (37, 3, 12, 3, 64, S(16), torch.float32),    # groups of 4 over 3 KV heads; 37 chunks span two blocks
+    (5, 2, 8, 8, 128, S(2, 64), torch.bfloat16),  # no grouping; all rotated, less the 2 fastest pairs
+    (9, 2, 32, 1, 128, S(), torch.float16),      # one KV head, 4 heads x a window of 8 tokens
+    (3, 1, 6, 2, 81, S(16), torch.bfloat16),     # odd head size, 65 stored dims
+    (4, 2, 9, 3, 33, S(), torch.float32),        # odd group (3) over 3 KV heads, 33 stored dims
+    (6, 2, 8, 2, 96, S(8, 24), torch.float32),   # 4 periods of 24, 16 kept in each
 ]
 
 
-@pytest.mark.parametrize("chunks,layers,hq,hkv,d,rope,dtype", SCORE_CASES,
-                         ids=[f"c{c[0]}-l{c[1]}-{c[2]}q{c[3]}kv-d{c[4]}-r{c[5]}-{str(c[6])[6:]}" for c in SCORE_CASES])
-def test_salient_scores_match_the_reference(poisoned, device, chunks, layers, hq, hkv, d, rope, dtype):
+@pytest.mark.parametrize("chunks,layers,hq,hkv,d,scored,dtype", SCORE_CASES,
+                         ids=[f"c{c[0]}-l{c[1]}-{c[2]}q{c[3]}kv-d{c[4]}-s{c[5][0]}p{c[5][1]}-{str(c[6])[6:]}"
+                              for c in SCORE_CASES])
+def test_salient_scores_match_the_reference(poisoned, device, chunks, layers, hq, hkv, d, scored, dtype):
     queries = torch.randn(layers, hq, d, generator=torch.Generator().manual_seed(chunks * 7 + d)).to(dtype).to(device)
-    summaries = _summaries(chunks, layers, hkv, d - rope, chunks + d, device)
+    summaries = _summaries(chunks, layers, hkv, scored.count(d), chunks + d, device)
     out = poisoned((chunks, layers))
-    assert salient_scores(queries, summaries, rope, out=out) is out
+    assert salient_scores(queries, summaries, scored, out=out) is out
     assert torch.isfinite(out).all()
-    torch.testing.assert_close(out, salient_scores_naive(queries, summaries, rope), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, salient_scores_naive(queries, summaries, scored), atol=1e-5, rtol=1e-5)
 
 
 def test_salient_scores_read_strided_summaries_and_take_either_key_of_the_group(device):
     """Summaries as a strided view (a slice of a larger table, layers and KV heads transposed); a second key that a
-    query row of its own group points at sets that chunk's score for that layer; the rotated dims are not read."""
-    layers, hq, hkv, d, rope, chunks = 2, 8, 4, 32, 8, 11
-    table = _summaries(chunks + 4, hkv, layers, d - rope, 1, device).transpose(1, 2)  # stored [.., Hkv, layers, ..]
+    query row of its own group points at sets that chunk's score for that layer; the dims left out are not read."""
+    layers, hq, hkv, d, scored, chunks = 2, 8, 4, 32, S(4, 16), 11
+    kept, left_out = scored.index(d), torch.tensor([0, 1, 2, 3, 16, 17, 18, 19])
+    table = _summaries(chunks + 4, hkv, layers, scored.count(d), 1, device).transpose(1, 2)  # [.., Hkv, layers, ..]
     summaries = table[4:]  # [chunks, layers, hkv, 2, bytes], not contiguous
     queries = torch.randn(layers, 2 * hq, d, generator=torch.Generator().manual_seed(2)).to(device)[:, ::2]
-    summaries[6, 1, 5 // 2, 1] = pack_int4(queries[1, 5, rope:] * 8)  # row 5 belongs to KV head 2
-    out = salient_scores(queries, summaries, rope)
-    torch.testing.assert_close(out, salient_scores_naive(queries, summaries, rope), atol=1e-5, rtol=1e-5)
+    summaries[6, 1, 5 // 2, 1] = pack_int4(queries[1, 5, kept.to(device)] * 8)  # row 5 belongs to KV head 2
+    out = salient_scores(queries, summaries, scored)
+    torch.testing.assert_close(out, salient_scores_naive(queries, summaries, scored), atol=1e-5, rtol=1e-5)
     assert out[:, 1].argmax().item() == 6
-    queries[..., :rope] = float("nan")  # never read
-    torch.testing.assert_close(salient_scores(queries, summaries, rope), out, atol=0, rtol=0)
+    queries[..., left_out.to(device)] = float("nan")  # never read
+    torch.testing.assert_close(salient_scores(queries, summaries, scored), out, atol=0, rtol=0)
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's numpy, on the inf and NaN fed on purpose
@@ -223,13 +228,14 @@ def test_nan_logits_score_plus_infinity_as_the_torch_path(device):
 
 
 @pytest.mark.parametrize("bad,match", [
-    (lambda q, k: (q[0], k, 0), r"queries must be \[layers"),
-    (lambda q, k: (q, k[:, :1], 0), "do not match queries"),
-    (lambda q, k: (q, k, 2), "do not match queries"),
-    (lambda q, k: (q, k, 8), "rope_dims must be in"),
-    (lambda q, k: (q[:, :3], k, 0), "3 query rows do not group over 2"),
-    (lambda q, k: (q, k.float(), 0), "summaries uint8"),
-    (lambda q, k: (q.to(torch.int32), k, 0), "float32, float16 or bfloat16"),
+    (lambda q, k: (q[0], k, S()), r"queries must be \[layers"),
+    (lambda q, k: (q, k[:, :1], S()), "do not match queries"),
+    (lambda q, k: (q, k, S(2)), "do not match queries"),
+    (lambda q, k: (q, k, S(8)), "scored dims"),
+    (lambda q, k: (q, k, S(1, 4)), "scored dims"),  # runs of 3: odd
+    (lambda q, k: (q[:, :3], k, S()), "3 query rows do not group over 2"),
+    (lambda q, k: (q, k.float(), S()), "summaries uint8"),
+    (lambda q, k: (q.to(torch.int32), k, S()), "float32, float16 or bfloat16"),
 ])
 def test_salient_scores_refuse_bad_shapes(device, bad, match):
     q, k = torch.randn(2, 4, 8, device=device), _summaries(5, 2, 2, 8, 0, device)

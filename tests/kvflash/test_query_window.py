@@ -98,16 +98,29 @@ def test_a_salient_key_the_window_points_at_lifts_its_chunk():
     assert torch.equal(summary[1, 1, 0], pack_int4(needle.to(store.data.dtype)))  # key 1: the needle
 
 
-def test_rope_dims_are_the_pooled_layers_rotated_dims_when_they_rotate_part_of_the_head():
+def _model(*rotaries):
     from types import SimpleNamespace as NS
 
-    from vllm_luce.kvflash.worker import rope_dims
+    modules = {f"layers.{i}.attn": NS(rotary_emb=r) for i, r in enumerate(rotaries)}
+    return NS(named_modules=lambda: modules.items()), [f"layers.{i}.attn.attn" for i in range(len(rotaries))]
 
-    def model(*rotaries):
-        modules = {f"layers.{i}.attn": NS(rotary_emb=r) for i, r in enumerate(rotaries)}
-        return NS(named_modules=lambda: modules.items()), [f"layers.{i}.attn.attn" for i in range(len(rotaries))]
 
-    assert rope_dims(*model(NS(rotary_dim=16, head_size=64), NS(rotary_dim=16, head_size=64))) == 16
-    assert rope_dims(*model(NS(rotary_dim=64, head_size=64))) == 0  # the whole head rotates
-    assert rope_dims(*model(NS(rotary_dim=16, head_size=64), NS(rotary_dim=32, head_size=64))) == 0
-    assert rope_dims(*model(None)) == 0  # no rotary embedding found
+def test_scored_dims_leave_out_what_the_pooled_layers_rotate():
+    from types import SimpleNamespace as NS
+
+    from vllm_luce.kernels.scored_dims import ScoredDims
+    from vllm_luce.kvflash.worker import scored_dims
+
+    assert scored_dims(*_model(NS(rotary_dim=16, head_size=64), NS(rotary_dim=16, head_size=64))) == ScoredDims(16)
+    assert scored_dims(*_model(NS(rotary_dim=64, head_size=64))) == ScoredDims(2, 32)  # whole: less 2 fast pairs
+    assert scored_dims(*_model(NS(rotary_dim=64, head_size=64, is_neox_style=False))) == ScoredDims(4)  # (2i, 2i+1)
+    assert scored_dims(*_model(NS(rotary_dim=16, head_size=64), NS(rotary_dim=32, head_size=64))) == ScoredDims()
+    assert scored_dims(*_model(None)) == ScoredDims()  # no rotary embedding found
+    sin_at_1 = torch.tensor([0.84, 0.1, 0.01, 0.001, 0.0, 0.0, 0.0, 0.0])  # 4 of 8 pairs rotate (Gemma 4's way)
+    cache = torch.stack([torch.ones(16), torch.cat([torch.ones(8), sin_at_1])])
+    rotary = NS(rotary_dim=16, head_size=16, cos_sin_cache=cache)
+    assert scored_dims(*_model(rotary)) == ScoredDims(4, 8)  # dims 4-7 and 12-15
+    cache[1, 8 + 4] = 0.0001  # 5 rotate: 3 dims a half would be odd, so the slowest of the 5 is kept
+    assert scored_dims(*_model(rotary)) == ScoredDims(4, 8)
+    cache[1, 8:] = 0.5  # all 8: less the 2 fastest
+    assert scored_dims(*_model(rotary)) == ScoredDims(2, 8)

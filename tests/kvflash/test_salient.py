@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from vllm_luce.kernels.chunk_salient import row_bytes, salient_decode, salient_from_keys, salient_scores_naive
-from vllm_luce.kernels.chunk_salient.naive import pack_int4
+from vllm_luce.kernels.chunk_salient.naive import pack_int4, salient_pair
+from vllm_luce.kernels.scored_dims import FAST_PAIRS, ScoredDims
 from vllm_luce.kvflash.pager import TensorStore
 from vllm_luce.kvflash.policies import QK, Salient, make_policy
 
@@ -50,17 +51,25 @@ def test_keys_pack_as_int4_two_to_a_byte_with_the_fp16_scale_after_them():
 
 def test_summaries_keep_only_the_scored_dims_and_their_bytes():
     """Per layer and KV head ``2 * (ceil(Dn / 2) + 2)`` bytes for ``Dn`` scored dims: 52 on the trained fixture (64
-    dims, 16 rotated) against 256 for QK's fp32 mean; ``D + 4`` where the whole head rotates (Qwen3-8B: 132)."""
+    dims, 16 rotated) against 256 for QK's fp32 mean; ``D`` where the whole head rotates (Qwen3-8B: 128 against 512,
+    the two fastest pairs left out)."""
     store = TensorStore(2, (2, 64, 2, 64))  # fixture: 2 layers, 64 tokens, 2 KV heads, head 64
     store.data.normal_()
-    summary = Salient(rope_dims=16).summarize(store, 1)
+    summary = Salient(scored=ScoredDims(16)).summarize(store, 1)
     assert summary.shape == (2, 2, 2, 26) and summary.dtype == torch.uint8
     assert summary[0, 0].numel() == 52 and summary.numel() == 208  # per layer and KV head; per chunk
-    keys = store.data[1]  # the chunk's keys, summarised through the policy's rope_dims
-    assert torch.equal(summary, salient_from_keys(keys, 16))
-    assert 36 * 8 * 2 * row_bytes(128) == 38_016  # Qwen3-8B's shape per chunk (QK: 147,456)
-    with pytest.raises(ValueError, match="rope_dims"):
-        salient_from_keys(keys, 64)
+    keys = store.data[1]  # the chunk's keys, summarised through the policy's scored dims
+    assert torch.equal(summary, salient_from_keys(keys, ScoredDims(16)))
+    assert torch.equal(summary, pack_int4(salient_pair(keys)[..., 16:]))
+    whole = ScoredDims(FAST_PAIRS, 64)  # a head that rotates whole, neox pairs (i, i + 32)
+    assert whole.index(128).tolist() == [*range(2, 64), *range(66, 128)]
+    assert 2 * row_bytes(whole.count(128)) == 128  # a quarter of 4 * 128
+    assert 36 * 8 * 2 * row_bytes(whole.count(128)) == 36_864 == 147_456 // 4  # Qwen3-8B's shape per chunk (QK)
+    assert torch.equal(salient_from_keys(keys, ScoredDims(2, 32)), pack_int4(salient_pair(keys)[..., [
+        *range(2, 32), *range(34, 64)]]))
+    for bad in (ScoredDims(64), ScoredDims(3, 32), ScoredDims(1, 48)):  # no dim left; odd runs; not whole periods
+        with pytest.raises(ValueError, match="scored dims"):
+            salient_from_keys(keys, bad)
 
 
 def _pair(first, second=None):
@@ -99,8 +108,13 @@ def test_salient_scores_without_the_rotated_dims_where_only_part_of_the_head_rot
     every = SimpleNamespace(queries=queries, summaries={0: _pair(near[0].tolist()), 2: _pair(far[0].tolist())})
     torch.testing.assert_close(Salient().scores(every, [0, 2]), torch.tensor([4.0, 3.5]), atol=2e-3, rtol=0)
     scored = SimpleNamespace(queries=queries, summaries={0: _pair(near[0, 2:].tolist()), 2: _pair(far[0, 2:].tolist())})
-    torch.testing.assert_close(Salient(rope_dims=2).scores(scored, [0, 2]), torch.tensor([0.5, 3.5]), atol=2e-3, rtol=0)
+    torch.testing.assert_close(Salient(scored=ScoredDims(2)).scores(scored, [0, 2]), torch.tensor([0.5, 3.5]),
+                               atol=2e-3, rtol=0)
     assert scored.queries[0, 0, 0] == 1.0  # the pager's queries are left as they were
-    assert make_policy("salient", rope_dims=2).rope_dims == 2
+    assert make_policy("salient", scored=ScoredDims(2)).scored == ScoredDims(2)
     with pytest.raises(ValueError, match="expected"):  # summaries of every dim do not score without the rotated ones
-        salient_scores_naive(queries, torch.stack([every.summaries[0]]), rope_dims=2)
+        salient_scores_naive(queries, torch.stack([every.summaries[0]]), ScoredDims(2))
+    halves = SimpleNamespace(queries=torch.tensor([[[9.0, 0, 1.0, 1.0, 9.0, 0, 1.0, 1.0]]]),
+                             summaries={0: _pair([0.0, 7.0, 0.0, 7.0]), 2: _pair([1.0, 0.0, 1.0, 0.0])})
+    expected = torch.tensor([14.0, 2.0]) / 8 ** 0.5  # dims 2, 3, 6 and 7: the last two of each half
+    torch.testing.assert_close(Salient(scored=ScoredDims(2, 4)).scores(halves, [0, 2]), expected, atol=2e-2, rtol=0)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from vllm_luce.kernels.scored_dims import ScoredDims
+
 
 @dataclass(frozen=True)
 class TokenLayout:
@@ -265,18 +267,18 @@ class PagedPoolStore:
 
         return outward_fp8(self.key_bounds(position, page_tokens))
 
-    def salient_keys(self, position: int, rope_dims: int = 0) -> torch.Tensor:
-        """[layers, kv_heads, 2, row_bytes] uint8: per KV head the chunk's two salient keys, their dims from
-        ``rope_dims`` on packed in int4, the salient policy's summary (``kernels/chunk_salient/naive.py``). On a GPU
+    def salient_keys(self, position: int, scored: ScoredDims = ScoredDims()) -> torch.Tensor:
+        """[layers, kv_heads, 2, row_bytes] uint8: per KV head the chunk's two salient keys, their ``scored`` dims
+        packed in int4, the salient policy's summary (``kernels/chunk_salient/naive.py``). On a GPU
         one launch reads only the keys (``kernels.chunk_salient``, the same bytes); fp8 caches and the CPU take the
         torch path (``salient_from_keys``)."""
         if self.mover is not None and self.mover.dtype.itemsize > 1:
             from vllm_luce.kernels.chunk_salient import salient_keys  # imports Triton: GPU only
 
-            return salient_keys(self.mover, self._cache_slots(position), self.head, rope_dims)
+            return salient_keys(self.mover, self._cache_slots(position), self.head, scored)
         from vllm_luce.kernels.chunk_salient.naive import salient_from_keys
 
-        return salient_from_keys(torch.stack([self._keys(t) for t in self._tokens(position)]), rope_dims)
+        return salient_from_keys(torch.stack([self._keys(t) for t in self._tokens(position)]), scored)
 
     def _keys(self, tokens: torch.Tensor) -> torch.Tensor:
         """Keys [T, kv_heads, head] of a token-form gather."""

@@ -32,8 +32,10 @@ lowest-scored evictable chunk and, on reselection, swaps in host chunks that out
   a candidate): a needle line that straddles a chunk boundary is found through its first chunk, whose score then
   keeps the line's second chunk too. A mean washes out the one line a question points
   at; the keys that stand out from their chunk keep it, and a second key keeps a line the first one missed. Where
-  the model rotates only part of each head (Qwen3.5/3.6: a quarter), the logit and the stored keys leave the
-  rotated dims out: they carry position, which favours nearby chunks over a far needle. On the trained fixture
+  the model rotates only part of each head (Qwen3.5/3.6 and Gemma 4: a quarter, Laguna: half), the logit and the
+  stored keys leave the rotated dims out: they carry position, which favours nearby chunks over a far needle. Where
+  it rotates all of it, they leave out the two fastest-rotating pairs, so the summary takes D bytes, a quarter of
+  QK's (``worker.scored_dims``). On the trained fixture
   through vLLM with the default window of 8 tokens it kept 90-100% of the needles at 12.5-25% residency
   (``docs/fidelity.md``). On a GPU, Triton kernels (``kernels.chunk_salient``) write a chunk's packed keys straight
   from the KV caches (one launch for all layers) and score the stacked summaries in place.
@@ -49,6 +51,8 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+
+from vllm_luce.kernels.scored_dims import ScoredDims
 
 
 class LRU:
@@ -154,25 +158,27 @@ def bound_layer_scores(queries: torch.Tensor, bounds: torch.Tensor) -> torch.Ten
 
 class Salient(QK):
     """QK's inputs with two keys per chunk, layer and KV head for a summary (``summarize``), their scored dims in
-    int4: 52 bytes per layer and KV head on the trained fixture (64 dims, 16 rotated) where QK's fp32 mean takes 256.
+    int4: 52 bytes per layer and KV head on the trained fixture (64 dims, 16 rotated) where QK's fp32 mean takes 256;
+    D bytes where RoPE rotates the whole head (``ScoredDims``).
     A chunk scores the largest logit ``q . k / sqrt(D)`` of the current query rows (the query window's tokens, each
     group's heads) with its keys at its best full-attention layer, and at least its predecessor's score."""
 
     name = "salient"
 
-    def __init__(self, reduce_max: Callable[[torch.Tensor], torch.Tensor] | None = None, rope_dims: int = 0):
+    def __init__(self, reduce_max: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 scored: ScoredDims = ScoredDims()):
         super().__init__(reduce_max)
-        self.rope_dims = rope_dims
+        self.scored = scored
 
     def summarize(self, store, position: int) -> torch.Tensor:
         """[layers, kv_heads, 2, row_bytes] uint8: the store's ``salient_keys`` (``PagedPoolStore``: one Triton launch
         on a GPU), else ``salient_from_keys`` of its chunk's keys ``[layers, tokens, kv_heads, head]``."""
         own = getattr(store, "salient_keys", None)
         if own is not None:
-            return own(position, self.rope_dims)
+            return own(position, self.scored)
         from vllm_luce.kernels.chunk_salient.naive import salient_from_keys
 
-        return salient_from_keys(store.chunk_keys(position), self.rope_dims)
+        return salient_from_keys(store.chunk_keys(position), self.scored)
 
     def scores(self, pager, chunks: list[int]) -> torch.Tensor:
         queries = getattr(pager, "queries", None)
@@ -181,7 +187,7 @@ class Salient(QK):
         wanted = set(chunks)  # predecessors scored for the neighbour rule, candidates or not
         scored = list(chunks) + [c - 1 for c in chunks if c - 1 not in wanted and c - 1 in pager.summaries]
         summaries = torch.stack([pager.summaries[c] for c in scored])  # [C, L, Hkv, 2, bytes] uint8
-        per_layer = salient_layer_scores(queries.to(summaries.device), summaries, self.rope_dims)
+        per_layer = salient_layer_scores(queries.to(summaries.device), summaries, self.scored)
         if self.reduce_max is not None:
             per_layer = self.reduce_max(per_layer)
         own = per_layer.amax(dim=-1).cpu()
@@ -190,17 +196,18 @@ class Salient(QK):
         return torch.maximum(own[: len(chunks)], own[before])
 
 
-def salient_layer_scores(queries: torch.Tensor, summaries: torch.Tensor, rope_dims: int = 0) -> torch.Tensor:
+def salient_layer_scores(queries: torch.Tensor, summaries: torch.Tensor,
+                         scored: ScoredDims = ScoredDims()) -> torch.Tensor:
     """queries [L, Hq, D], packed summaries [C, L, Hkv, 2, row_bytes] uint8 -> [C, L] fp32 (``salient_scores_naive``):
     the Triton kernel on a GPU (it decodes the packed keys in place), its torch reference elsewhere (tested
     together)."""
     if summaries.is_cuda and len(summaries):
         from vllm_luce.kernels.chunk_salient import salient_scores  # imports Triton: GPU only
 
-        return salient_scores(queries, summaries, rope_dims)
+        return salient_scores(queries, summaries, scored)
     from vllm_luce.kernels.chunk_salient.naive import salient_scores_naive
 
-    return salient_scores_naive(queries, summaries, rope_dims)
+    return salient_scores_naive(queries, summaries, scored)
 
 
 class Scorer:
@@ -244,9 +251,8 @@ def max_logit_layer_scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.T
     return logits.flatten(2).amax(dim=-1)
 
 
-def make_policy(name: str, scorer: Callable | None = None, reduce_max=None, rope_dims: int = 0):
-    """``rope_dims``: the leading head dims the pooled layers rotate where they rotate only part of the head
-    (``Salient`` neither stores nor scores them)."""
+def make_policy(name: str, scorer: Callable | None = None, reduce_max=None, scored: ScoredDims = ScoredDims()):
+    """``scored``: the head dims ``Salient`` stores and scores (``worker.scored_dims``)."""
     if name == "lru":
         return LRU()
     if name == "qk":
@@ -254,7 +260,7 @@ def make_policy(name: str, scorer: Callable | None = None, reduce_max=None, rope
     if name == "bounds":
         return Bounds(reduce_max)
     if name == "salient":
-        return Salient(reduce_max, rope_dims)
+        return Salient(reduce_max, scored)
     if name == "attention":
         return MaxLogit(reduce_max)
     if name == "scorer":

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from vllm_luce import metrics
+from vllm_luce.kernels.scored_dims import ScoredDims
 from vllm_luce.kvflash.host_pool import PinnedChunkPool
 from vllm_luce.kvflash.kv_store import PagedPoolStore, copy_stream_for, to_device_async
 from vllm_luce.kvflash.pager import PagerConfig, PagerStats, RequestPager, summarize
@@ -47,11 +48,12 @@ class KVFlashRuntime:
     def __init__(self, config: PagerConfig, policy_name: str, caches: list[torch.Tensor], layout: TokenLayout,
                  head_size: int, block_size: int, max_num_reqs: int, scorer=None, reduce_max=None,
                  host_budget: int | None = None, metric_labels: dict | None = None, selection: str = "page",
-                 query_window: int = 1, rope_dims: int = 0, host_pinned: int | str = 0, max_model_len: int = 0):
+                 query_window: int = 1, scored_dims: ScoredDims = ScoredDims(), host_pinned: int | str = 0,
+                 max_model_len: int = 0):
         self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
         self.selection = selection
         self.caches = caches
-        self.policy = make_policy(policy_name, scorer, reduce_max, rope_dims)
+        self.policy = make_policy(policy_name, scorer, reduce_max, scored_dims)
         self.pagers: dict[str, RequestPager] = {}
         self.resident_lens = torch.zeros(max_num_reqs, dtype=torch.int32)
         self.skip_blocks = torch.zeros(max_num_reqs, dtype=torch.int64)  # SFI: leading blocks attention skips
@@ -133,8 +135,8 @@ class KVFlashRuntime:
             queries = torch.zeros(len(self.caches), q_heads * self.query_window, self.head_size,
                                   device=summary.device)
             probe = SimpleNamespace(queries=queries, summaries={0: summary}, last_used={})
-            rope = {"rope_dims": self.policy.rope_dims} if hasattr(self.policy, "rope_dims") else {}
-            type(self.policy)(**rope).scores(probe, [0])  # rope_dims as the policy's, but no collective
+            dims = {"scored": self.policy.scored} if hasattr(self.policy, "scored") else {}
+            type(self.policy)(**dims).scores(probe, [0])  # the policy's scored dims, but no collective
 
     def host_pool(self, shape: tuple[int, ...], dtype: torch.dtype) -> PinnedChunkPool:
         """The worker's pinned pool for chunks of ``shape``, shared by its requests and kept between them."""

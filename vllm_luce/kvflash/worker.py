@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from vllm_luce import hooks, metrics
+from vllm_luce.kernels.scored_dims import FAST_PAIRS, ScoredDims
 from vllm_luce.kvflash.cache_layout import cache_layout
 from vllm_luce.kvflash.kv_store import to_device_async
 from vllm_luce.kvflash.runtime import KVFlashRuntime
@@ -55,7 +56,7 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
                           caches[0].shape[2])
     runtime = KVFlashRuntime(cfg, luce.kvflash.policy, caches, layout, spec.head_size, block_table.block_size,
                              runner.input_batch.max_num_reqs, scorer=_drafter_scorer(runner, luce, cfg),
-                             reduce_max=_tp_reduce_max(), rope_dims=rope_dims(runner.get_model(), group.layer_names),
+                             reduce_max=_tp_reduce_max(), scored_dims=scored_dims(runner.get_model(), group.layer_names),
                              **runtime_options(runner.vllm_config, luce))
     _bind_slot_mapping(runner, block_table, runtime)
     for attn_group in attn_groups:
@@ -81,19 +82,37 @@ def local_query_heads(vllm_config) -> int | None:
         return None
 
 
-def rope_dims(model, layer_names) -> int:
-    """The leading head dims RoPE rotates in the pooled layers (their attention module's ``rotary_emb``) where it
-    rotates only part of each head, as Qwen3.5/3.6 do (a quarter); 0 where it rotates all of it, or the layers
-    differ. The salient policy scores without them (``policies.Salient``)."""
+def scored_dims(model, layer_names) -> ScoredDims:
+    """The head dims the salient policy keeps and scores (``policies.Salient``), from the pooled layers' RoPE (their
+    attention module's ``rotary_emb``; every dim where the layers differ or have none): the dims it leaves alone
+    where it rotates part of each head, as Qwen3.5/3.6 (the first quarter), Laguna (the first half) and Gemma 4 (the
+    first quarter of each neox half: rotary_dim is the head, the other frequencies 0) do; where every pair rotates,
+    all but the FAST_PAIRS fastest."""
     modules = dict(model.named_modules())
-    found = set()
-    for name in layer_names:
-        rotary = getattr(modules.get(name.rsplit(".", 1)[0]), "rotary_emb", None)
-        found.add((getattr(rotary, "rotary_dim", None), getattr(rotary, "head_size", None)))
-    if len(found) != 1:
-        return 0
-    ((rotated, head),) = found
-    return rotated if isinstance(rotated, int) and isinstance(head, int) and 0 < rotated < head else 0
+    found = {_rotation(getattr(modules.get(name.rsplit(".", 1)[0]), "rotary_emb", None)) for name in layer_names}
+    if len(found) != 1 or None in found:
+        return ScoredDims()
+    ((rotated, head, neox, pairs),) = found
+    if rotated < head:
+        return ScoredDims(rotated)
+    skip = pairs if pairs < head // 2 else FAST_PAIRS  # rotating pairs: the first ``pairs`` frequencies
+    if not neox:  # pairs (2i, 2i + 1): the first 2 * skip dims
+        return ScoredDims(2 * skip)
+    # Pairs (i, i + D/2). The kernels read even runs: an odd one keeps the slowest pair it left out.
+    return ScoredDims(skip - (head // 2 - skip) % 2, head // 2)
+
+
+def _rotation(rotary) -> tuple[int, int, bool, int] | None:
+    """(rotary_dim, head_size, neox, rotating pairs) of a vLLM RotaryEmbedding: the pairs whose frequency is not 0
+    (their sine at position 1 is not), all of them where it keeps no cos/sin cache; None for anything else."""
+    rotated, head = getattr(rotary, "rotary_dim", None), getattr(rotary, "head_size", None)
+    if not (isinstance(rotated, int) and isinstance(head, int) and 0 < rotated <= head and rotated % 2 == 0):
+        return None
+    cache = getattr(rotary, "cos_sin_cache", None)
+    pairs = rotated // 2
+    if isinstance(cache, torch.Tensor) and cache.dim() == 2 and cache.shape[0] > 1 and cache.shape[1] == rotated:
+        pairs = int((cache[1, rotated // 2:] != 0).sum())
+    return rotated, head, bool(getattr(rotary, "is_neox_style", True)), pairs
 
 
 def runtime_options(vllm_config, luce) -> dict:

@@ -26,7 +26,7 @@ from vllm_luce.kvflash.kv_store import to_device_async
 from vllm_luce.kvflash.settings import pager_config_from
 from vllm_luce.kvflash.runtime import KVFlashRuntime
 from vllm_luce.kvflash.worker import (_capture_queries, _PooledBuilder, _tp_reduce_max, first_positions,
-                                      local_query_heads, pooled_group, rope_dims, runtime_options)
+                                      local_query_heads, pooled_group, runtime_options, scored_dims)
 from vllm_luce.log import logger, tag
 
 
@@ -42,7 +42,7 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
     runtime = KVFlashRuntime(pager_config_from(luce.kvflash), luce.kvflash.policy, caches, layout,
                              group.kv_cache_spec.head_size, block_tables.block_sizes[gid],
                              block_tables.max_num_reqs, reduce_max=_tp_reduce_max(),
-                             rope_dims=rope_dims(runner.get_model(), group.layer_names),
+                             scored_dims=scored_dims(runner.get_model(), group.layer_names),
                              **runtime_options(runner.vllm_config, luce))
     rows: dict[int, np.ndarray] = {}
     empty = np.zeros(0, dtype=np.int64)

@@ -28,7 +28,8 @@ import triton.language as tl
 
 from vllm_luce.kernels._triton import FLOAT_DTYPES, MAX_HEAD_DIM, autotune, check_device, check_key_read, scores_out
 from vllm_luce.kernels.chunk_copy import LayerCaches
-from vllm_luce.kernels.chunk_salient.naive import KEYS, check_rope_dims, row_bytes
+from vllm_luce.kernels.chunk_salient.naive import KEYS, row_bytes
+from vllm_luce.kernels.scored_dims import ScoredDims
 
 
 @triton.jit
@@ -82,11 +83,18 @@ def _int4(x, s):
 
 
 @triton.jit
-def _pack_key(row, out, rope_dims, dims, num_bytes, BLOCK_B: tl.constexpr):
-    """Pack the key at pointer ``row`` ([1]): its ``dims`` elements from ``rope_dims`` on, into ``num_bytes`` value
-    bytes at ``out`` ([1]) and the fp16 scale's two bytes after them."""
+def _scored_dim(j, skip, period, kept):
+    """The head dim of scored dim ``j``: each ``period`` dims keep their last ``kept`` (``ScoredDims``). A scored pair
+    (2i, 2i + 1) is two adjacent head dims: the kept runs are even wherever there are several."""
+    return (j // kept) * period + skip + j % kept
+
+
+@triton.jit
+def _pack_key(row, out, skip, period, kept, dims, num_bytes, BLOCK_B: tl.constexpr):
+    """Pack the key at pointer ``row`` ([1]): its ``dims`` scored elements, into ``num_bytes`` value bytes at ``out``
+    ([1]) and the fp16 scale's two bytes after them."""
     pairs = tl.arange(0, BLOCK_B)[None, :]
-    at = row[:, None] + rope_dims + 2 * pairs
+    at = row[:, None] + _scored_dim(2 * pairs, skip, period, kept)
     lo = tl.load(at, mask=2 * pairs < dims, other=0.0).to(tl.float32)  # [1, BLOCK_B]
     hi = tl.load(at + 1, mask=2 * pairs + 1 < dims, other=0.0).to(tl.float32)
     nan = tl.sum(((lo != lo) | (hi != hi)).to(tl.int32), axis=1) > 0
@@ -102,8 +110,8 @@ def _pack_key(row, out, rope_dims, dims, num_bytes, BLOCK_B: tl.constexpr):
 
 @triton.jit
 def _salient_keys_kernel(cache_base, layer_offsets, slots, out_ptr,
-                         block_size, stride_block, stride_head, stride_token, num_tokens, head_dim, rope_dims,
-                         num_bytes, stride_ol, stride_oh, stride_ok,
+                         block_size, stride_block, stride_head, stride_token, num_tokens, head_dim, skip, period,
+                         kept, stored, num_bytes, stride_ol, stride_oh, stride_ok,
                          BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_B: tl.constexpr):
     layer = tl.program_id(0)
     head = tl.program_id(1).to(tl.int64)
@@ -141,9 +149,8 @@ def _salient_keys_kernel(cache_base, layer_offsets, slots, out_ptr,
                                   second)
     second_row = keys + _row(slots, second, second < num_tokens, block_size, stride_block, stride_token)
     out = out_ptr + layer.to(tl.int64) * stride_ol + head * stride_oh + tl.zeros([1], tl.int64)
-    stored = head_dim - rope_dims
-    _pack_key(first_row, out, rope_dims, stored, num_bytes, BLOCK_B)
-    _pack_key(second_row, out + stride_ok, rope_dims, stored, num_bytes, BLOCK_B)
+    _pack_key(first_row, out, skip, period, kept, stored, num_bytes, BLOCK_B)
+    _pack_key(second_row, out + stride_ok, skip, period, kept, stored, num_bytes, BLOCK_B)
 
 
 @triton.jit
@@ -174,7 +181,7 @@ def _salient_scores_kernel(
     stride_ql, stride_qh, stride_qd,
     stride_kc, stride_kl, stride_kh, stride_kk, stride_kb,
     stride_oc, stride_ol,
-    num_chunks, kv_heads, group, rope_dims, dims, num_bytes, sqrt_d,
+    num_chunks, kv_heads, group, skip, period, kept, dims, num_bytes, sqrt_d,
     BLOCK_C: tl.constexpr, BLOCK_B: tl.constexpr,
 ):
     layer = tl.program_id(1).to(tl.int64)
@@ -186,7 +193,7 @@ def _salient_scores_kernel(
     rows = k_ptr + chunks[:, None].to(tl.int64) * stride_kc + layer * stride_kl  # [BLOCK_C, 1]
     value_at = pairs[None, :].to(tl.int64) * stride_kb
     scale_at = num_bytes * stride_kb
-    q_lo = q_ptr + layer * stride_ql + (rope_dims + 2 * pairs).to(tl.int64) * stride_qd
+    q_lo = q_ptr + layer * stride_ql + _scored_dim(2 * pairs, skip, period, kept).to(tl.int64) * stride_qd
     best = tl.full([BLOCK_C], float("-inf"), tl.float32)
     for kv_head in range(kv_heads):
         base = rows + kv_head * stride_kh
@@ -203,13 +210,20 @@ def _salient_scores_kernel(
     tl.store(out_ptr + chunks.to(tl.int64) * stride_oc + layer * stride_ol, best, mask=chunks < num_chunks)
 
 
-def salient_keys(caches: LayerCaches, slots: torch.Tensor, head_dim: int, rope_dims: int = 0,
+def _kernel_dims(scored: ScoredDims, head_dim: int) -> tuple[int, int, int]:
+    """(skip, period, kept per period) as the kernels take them."""
+    period = scored.period or head_dim
+    return scored.skip, period, period - scored.skip
+
+
+def salient_keys(caches: LayerCaches, slots: torch.Tensor, head_dim: int, scored: ScoredDims = ScoredDims(),
                  out: torch.Tensor | None = None) -> torch.Tensor:
-    """[layers, kv_heads, 2, row_bytes(head_dim - rope_dims)] uint8 (``out`` if given): per layer and KV head, key 1
+    """[layers, kv_heads, 2, row_bytes(scored.count(head_dim))] uint8 (``out`` if given): per layer and KV head, key 1
     and key 2 of the keys at ``slots``, packed (``salient_keys_naive``). One launch for all layers."""
     check_key_read("salient_keys", caches, slots, head_dim)
-    check_rope_dims("salient_keys", rope_dims, head_dim)
-    layers, heads, num_bytes = len(caches.caches), caches.heads, row_bytes(head_dim - rope_dims) - 2
+    scored.check("salient_keys", head_dim)
+    stored = scored.count(head_dim)
+    layers, heads, num_bytes = len(caches.caches), caches.heads, row_bytes(stored) - 2
     shape = (layers, heads, KEYS, num_bytes + 2)
     if out is None:
         out = torch.empty(shape, dtype=torch.uint8, device=caches.device)
@@ -222,18 +236,19 @@ def salient_keys(caches: LayerCaches, slots: torch.Tensor, head_dim: int, rope_d
     base = caches.base
     _salient_keys_kernel[(layers, heads)](
         base, caches.offsets, slots.to(caches.device), out, caches.block_size, base.stride(0),
-        base.stride(1), base.stride(2), len(slots), head_dim, rope_dims, num_bytes, out.stride(0), out.stride(1),
+        base.stride(1), base.stride(2), len(slots), head_dim, *_kernel_dims(scored, head_dim), stored, num_bytes,
+        out.stride(0), out.stride(1),
         out.stride(2), BLOCK_T=max(1, min(triton.next_power_of_2(len(slots)), 8192 // block_d)), BLOCK_D=block_d,
         BLOCK_B=triton.next_power_of_2(num_bytes))
     return out
 
 
-def salient_scores(queries: torch.Tensor, summaries: torch.Tensor, rope_dims: int = 0,
+def salient_scores(queries: torch.Tensor, summaries: torch.Tensor, scored: ScoredDims = ScoredDims(),
                    out: torch.Tensor | None = None) -> torch.Tensor:
     """queries [layers, q_rows, head] (fp32/fp16/bf16), packed summaries [chunks, layers, kv_heads, 2,
-    row_bytes(head - rope_dims)] uint8 (any strides) -> [chunks, layers] fp32 (``out`` if given): per layer, the max
-    over both keys and each KV head's group of query rows of ``q . k / sqrt(head)`` over the dims from
-    ``rope_dims`` on (``salient_scores_naive``)."""
+    row_bytes(scored.count(head))] uint8 (any strides) -> [chunks, layers] fp32 (``out`` if given): per layer, the max
+    over both keys and each KV head's group of query rows of ``q . k / sqrt(head)`` over the ``scored`` dims
+    (``salient_scores_naive``)."""
     if queries.dim() != 3 or summaries.dim() != 5:
         raise ValueError(f"salient_scores: queries must be [layers, q_rows, head] and summaries [chunks, layers, "
                          f"kv_heads, 2, bytes], got {list(queries.shape)} and {list(summaries.shape)}")
@@ -241,11 +256,11 @@ def salient_scores(queries: torch.Tensor, summaries: torch.Tensor, rope_dims: in
     num_chunks, k_layers, hkv, keys, k_bytes = summaries.shape
     if not 0 < head_dim <= MAX_HEAD_DIM:
         raise ValueError(f"salient_scores: head size must be 1 to {MAX_HEAD_DIM}, got {head_dim}")
-    check_rope_dims("salient_scores", rope_dims, head_dim)
-    dims = head_dim - rope_dims
+    scored.check("salient_scores", head_dim)
+    dims = scored.count(head_dim)
     if (k_layers, keys, k_bytes) != (layers, KEYS, row_bytes(dims)):
         raise ValueError(f"salient_scores: summaries {list(summaries.shape)} do not match queries "
-                         f"{list(queries.shape)} with rope_dims {rope_dims} (layers, {KEYS} keys of "
+                         f"{list(queries.shape)} with scored dims {tuple(scored)} (layers, {KEYS} keys of "
                          f"{row_bytes(dims)} bytes)")
     if hkv == 0 or hq % hkv:
         raise ValueError(f"salient_scores: {hq} query rows do not group over {hkv} KV heads")
@@ -258,6 +273,6 @@ def salient_scores(queries: torch.Tensor, summaries: torch.Tensor, rope_dims: in
         grid = lambda meta: (triton.cdiv(num_chunks, meta["BLOCK_C"]), layers)  # noqa: E731
         _salient_scores_kernel[grid](
             queries, summaries, out, *queries.stride(), *summaries.stride(), *out.stride(),
-            num_chunks, hkv, hq // hkv, rope_dims, dims, k_bytes - 2, float(head_dim) ** 0.5,
+            num_chunks, hkv, hq // hkv, *_kernel_dims(scored, head_dim), dims, k_bytes - 2, float(head_dim) ** 0.5,
             BLOCK_B=triton.next_power_of_2(k_bytes - 2))
     return out

@@ -8,8 +8,8 @@ The summary of one (chunk, layer, KV head) is two of the chunk's keys, packed as
 The first token wins a tie; a NaN distance counts as +inf (a NaN in either distance makes their minimum NaN). A NaN
 or infinite key makes the mean, hence every distance to it, NaN or infinite, and the first token is chosen.
 
-Only the scored dims are kept: the last ``dims = head - rope_dims`` (all of them when ``rope_dims`` is 0), in int4,
-symmetric per key: ``scale = fp16(max |x| / 7)`` over the kept dims, ``q = clamp(round_half_even(x / scale), -7,
+Only the scored dims are kept (``ScoredDims``: where RoPE rotates part of each head, the dims it leaves alone; where
+it rotates all of it, all but the two fastest-rotating pairs), in int4, symmetric per key: ``scale = fp16(max |x| / 7)`` over the kept dims, ``q = clamp(round_half_even(x / scale), -7,
 7)``, where a NaN quotient (a NaN key element, or a NaN or infinite scale) gives 0 and a zero scale gives all 0.
 The key decodes to ``q * scale``: a zero key to zeros, a key with a NaN or infinite element (or beyond fp16's
 range) to NaN. A row holds the values two to a byte, element ``2j`` in the low nibble of byte ``j`` and ``2j + 1``
@@ -22,14 +22,9 @@ from __future__ import annotations
 import torch
 
 from vllm_luce.kernels.chunk_copy.naive import gather_tokens_naive
+from vllm_luce.kernels.scored_dims import ScoredDims
 
 KEYS = 2  # summary keys per chunk, layer and KV head
-
-
-def check_rope_dims(name: str, rope_dims: int, head_dim: int) -> None:
-    """The rotated dims left out of a summary must leave at least one dim to score."""
-    if not 0 <= rope_dims < head_dim:
-        raise ValueError(f"{name}: rope_dims must be in [0, {head_dim}), got {rope_dims}")
 
 
 def row_bytes(dims: int) -> int:
@@ -82,29 +77,33 @@ def salient_decode(packed: torch.Tensor, dims: int) -> torch.Tensor:
     return q * scale
 
 
-def salient_from_keys(keys: torch.Tensor, rope_dims: int = 0) -> torch.Tensor:
-    """keys [layers, tokens, kv_heads, head] -> [layers, kv_heads, 2, row_bytes(head - rope_dims)] uint8: key 1 and
-    key 2 of each layer and KV head, their dims from ``rope_dims`` on packed as int4."""
-    check_rope_dims("salient_from_keys", rope_dims, keys.shape[-1])
-    return pack_int4(salient_pair(keys)[..., rope_dims:])
+def salient_from_keys(keys: torch.Tensor, scored: ScoredDims = ScoredDims()) -> torch.Tensor:
+    """keys [layers, tokens, kv_heads, head] -> [layers, kv_heads, 2, row_bytes(scored.count(head))] uint8: key 1 and
+    key 2 of each layer and KV head, their ``scored`` dims packed as int4."""
+    head = keys.shape[-1]
+    scored.check("salient_from_keys", head)
+    return pack_int4(salient_pair(keys)[..., scored.index(head)])
 
 
 def salient_keys_naive(caches: list[torch.Tensor], slots: torch.Tensor, head_dim: int,
-                       rope_dims: int = 0) -> torch.Tensor:
+                       scored: ScoredDims = ScoredDims()) -> torch.Tensor:
     """``salient_from_keys`` of the keys at cache ``slots`` (the first ``head_dim`` elements of each head's row in a
     ``[blocks, kv_heads, block_size, width]`` cache)."""
-    return salient_from_keys(gather_tokens_naive(caches, slots)[..., :head_dim], rope_dims)
+    return salient_from_keys(gather_tokens_naive(caches, slots)[..., :head_dim], scored)
 
 
-def salient_scores_naive(queries: torch.Tensor, summaries: torch.Tensor, rope_dims: int = 0) -> torch.Tensor:
-    """queries [L, Hq, D], summaries [C, L, Hkv, 2, row_bytes(D - rope_dims)] uint8 -> [C, L] fp32: per layer, the
-    max over both keys and each KV head's group of query rows of ``q . k / sqrt(D)``, ``q`` restricted to the dims
-    from ``rope_dims`` on (the scored dims); a NaN logit counts as +inf."""
+def salient_scores_naive(queries: torch.Tensor, summaries: torch.Tensor,
+                         scored: ScoredDims = ScoredDims()) -> torch.Tensor:
+    """queries [L, Hq, D], summaries [C, L, Hkv, 2, row_bytes(scored.count(D))] uint8 -> [C, L] fp32: per layer, the
+    max over both keys and each KV head's group of query rows of ``q . k / sqrt(D)``, ``q`` restricted to the
+    ``scored`` dims; a NaN logit counts as +inf."""
     layers, hq, d = queries.shape
     hkv = summaries.shape[2]
     if hq % hkv:
         raise ValueError(f"{hq} query rows do not group over {hkv} KV heads")
-    keys = salient_decode(summaries, d - rope_dims)  # [C, L, Hkv, 2, dims]
-    q = queries.float()[..., rope_dims:].reshape(layers, hkv, hq // hkv, d - rope_dims)
+    scored.check("salient_scores_naive", d)
+    dims = scored.count(d)
+    keys = salient_decode(summaries, dims)  # [C, L, Hkv, 2, dims]
+    q = queries.float()[..., scored.index(d)].reshape(layers, hkv, hq // hkv, dims)
     logits = torch.einsum("lhgd,clhkd->clhgk", q, keys) / d ** 0.5
     return torch.where(logits.isnan(), float("inf"), logits).flatten(2).amax(dim=-1)
