@@ -99,7 +99,9 @@ def _key_bounds_kernel(cache_base, layer_offsets, slots, out_ptr,
     ],
     key=["BLOCK_D", "group", "pages"],
 )
-@triton.jit
+# The chunk count varies per reselection: not specialized, so the variant the warm-up compiles (one chunk)
+# is the one every reselection runs.
+@triton.jit(do_not_specialize=["num_chunks"])
 def _bound_scores_kernel(
     q_ptr, b_ptr, out_ptr,
     stride_ql, stride_qh, stride_qd,

@@ -175,7 +175,9 @@ def _decoded(at, byte_ok, scale_at, stride_kb, chunk_ok):
     ],
     key=["BLOCK_B", "group"],
 )
-@triton.jit
+# The chunk count varies per reselection: not specialized, so the variant the warm-up compiles (one chunk)
+# is the one every reselection runs.
+@triton.jit(do_not_specialize=["num_chunks"])
 def _salient_scores_kernel(
     q_ptr, k_ptr, out_ptr,
     stride_ql, stride_qh, stride_qd,

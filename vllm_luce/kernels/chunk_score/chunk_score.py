@@ -36,7 +36,9 @@ from vllm_luce.kernels.chunk_copy import LayerCaches
     ],
     key=["BLOCK_D", "group"],
 )
-@triton.jit
+# The chunk count varies per reselection: not specialized, so the variant the warm-up compiles (one chunk)
+# is the one every reselection runs.
+@triton.jit(do_not_specialize=["num_chunks"])
 def _chunk_scores_kernel(
     q_ptr, k_ptr, out_ptr,
     stride_ql, stride_qh, stride_qd,
