@@ -19,8 +19,10 @@ process of its own (the test-only classes register in that process, so its engin
 At each concurrency c (c requests submitted together, prompts of ``--prompt-tokens`` random ids on their own
 token ranges, ``--max-tokens`` out, greedy, ``ignore_eos``) an engine runs one warm-up pass (the gate calibrates
 there), then ``--repeats`` measured passes; a cell is the median of its passes' output tokens / wall seconds,
-prefill included (1K-token prompts: a small share of 256 decode steps). Engines on different GPUs of one host are
-compared through the A/A control, which runs on its own GPU. Goals (issue 40): gated >= 0.97x the better of none
+prefill included (1K-token prompts: a small share of 256 decode steps), with the median engine step's wall time
+(``median_step_ms``: where the gate runs nearly every step plain, what a plain step costs it). Engines on
+different GPUs of one host are compared through the A/A control, which runs on its own GPU; ``--gpus 1`` runs
+them one after another on one card, which compares them best. Goals (issue 40): gated >= 0.97x the better of none
 and fixed in every cell; gated >= 3x none at concurrency 1 with p = 0.9.
 """
 
@@ -64,10 +66,12 @@ def measure(spec: dict) -> dict:
     params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True, detokenize=False)
     vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
     span = spec["prompt_tokens"] + spec["max_tokens"] + 32
+    steps = timed_steps(llm.llm_engine)
     cells = []
     for c in spec["concurrency"]:
-        rates, before = [], counters(llm)
+        rates, before, step_s = [], counters(llm), []
         for i in range(1 + spec["repeats"]):
+            steps.clear()
             texts = prompts(c, spec["prompt_tokens"], vocab, i, span)
             batch = [{"prompt_token_ids": p} for p in texts]
             start = time.perf_counter()
@@ -78,11 +82,13 @@ def measure(spec: dict) -> dict:
                 before = counters(llm)  # the warm-up pass's drafts are not this cell's
                 continue
             rates.append(tokens / seconds)
+            step_s += steps
             expected = [[(p[-1] + j) % vocab for j in range(1, spec["max_tokens"] + 1)] for p in texts]
             if [list(o.outputs[0].token_ids) for o in outs] != expected:
                 raise AssertionError(f"{spec['name']}: concurrency {c} pass {i} changed the output")
         spec_counts = {k: v - before.get(k, 0) for k, v in counters(llm).items()}
-        cells.append({"concurrency": c, "tokens_per_s": statistics.median(rates), "passes": rates, **spec_counts})
+        cells.append({"concurrency": c, "tokens_per_s": statistics.median(rates), "passes": rates,
+                      "median_step_ms": round(1e3 * statistics.median(step_s), 4) if step_s else None, **spec_counts})
     gate = getattr(getattr(llm.llm_engine.engine_core, "engine_core", None), "scheduler", None)
     import torch
     import vllm
@@ -93,6 +99,22 @@ def measure(spec: dict) -> dict:
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {"cells": cells, "gate": summary, "device": device, "vllm": vllm.__version__, "torch": torch.__version__}
+
+
+def timed_steps(engine) -> list[float]:
+    """Wall seconds of each ``engine.step()`` from now on (the list the caller clears): their median is a plain
+    step's cost where the gate runs nearly every step plain, its explorations and the prompt steps left out."""
+    times, step = [], engine.step
+
+    def timed_step(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return step(*args, **kwargs)
+        finally:
+            times.append(time.perf_counter() - start)
+
+    engine.step = timed_step
+    return times
 
 
 def counters(llm) -> dict:

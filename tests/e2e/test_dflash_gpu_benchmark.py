@@ -29,5 +29,6 @@ def test_tiny_run_reports_every_engine_and_ratio(tmp_path):
     assert row["none_tok_s"] > 0 and row["fixed/none"] > 0 and row["gated/none"] > 0 and row["gated/best"] > 0
     fixed = result["engines"]["fixed@0.9"]["cells"][0]
     assert fixed["num_drafts"] > 0 and 0 < fixed["num_accepted_tokens"] <= fixed["num_draft_tokens"]
+    assert all(e["cells"][0]["median_step_ms"] > 0 for e in result["engines"].values())
     assert result["engines"]["gated@0.9"]["gate"].startswith("gate: ")
     assert result["engines"]["none"]["vllm"] and result["engines"]["none"]["device"] == "cpu"
