@@ -70,7 +70,7 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
     logger.info("%s: KVFlash on %d layers (group %d, block %d): %s %d tokens in chunks of %d, policy %s, "
                 "host budget %.1f GiB", tag(), len(group.layer_names), gid, block_table.block_size,
                 "SFI, decode attends to" if runtime.selection == "sfi" else "pool", cfg.pool_tokens,
-                cfg.chunk_tokens, luce.kvflash.policy, runtime.host_budget / 2**30)
+                cfg.chunk_tokens, policy_label(runtime), runtime.host_budget / 2**30)
     return runtime
 
 
@@ -100,6 +100,14 @@ def scored_dims(model, layer_names) -> ScoredDims:
         return ScoredDims(2 * skip)
     # Pairs (i, i + D/2). The kernels read even runs: an odd one keeps the slowest pair it left out.
     return ScoredDims(skip - (head // 2 - skip) % 2, head // 2)
+
+
+def policy_label(runtime) -> str:
+    """The policy's name for the startup log, with the head dims a salient summary keeps."""
+    scored, head = getattr(runtime.policy, "scored", None), runtime.head_size
+    if scored is None:
+        return runtime.policy.name
+    return f"{runtime.policy.name} ({scored.count(head)} of {head} head dims scored)"
 
 
 def _rotation(rotary) -> tuple[int, int, bool, int] | None:

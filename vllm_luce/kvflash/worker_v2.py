@@ -26,7 +26,8 @@ from vllm_luce.kvflash.kv_store import to_device_async
 from vllm_luce.kvflash.settings import pager_config_from
 from vllm_luce.kvflash.runtime import KVFlashRuntime
 from vllm_luce.kvflash.worker import (_capture_queries, _PooledBuilder, _tp_reduce_max, first_positions,
-                                      local_query_heads, pooled_group, runtime_options, scored_dims)
+                                      local_query_heads, policy_label, pooled_group, runtime_options,
+                                      scored_dims)
 from vllm_luce.log import logger, tag
 
 
@@ -110,6 +111,6 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
         _capture_queries(forward_context[name], index, runtime)
     runner.luce_kvflash = runtime
     runtime.warm_up(local_query_heads(runner.vllm_config))
-    logger.info("%s: KVFlash (Model Runner V2) on %d layers, pool %d tokens", tag(), len(group.layer_names),
-                runtime.config.pool_tokens)
+    logger.info("%s: KVFlash (Model Runner V2) on %d layers, pool %d tokens, policy %s", tag(),
+                len(group.layer_names), runtime.config.pool_tokens, policy_label(runtime))
     return runtime
