@@ -199,3 +199,28 @@ def test_config_is_validated():
         GateConfig(explore_budget=0.0)
     with pytest.raises(ValueError, match="max_explore_every"):
         GateConfig(explore_every=128, max_explore_every=64)
+
+
+def test_a_stall_during_calibration_does_not_lock_the_slower_mode():
+    """A host stall over the first plain run (40x slower steps, as a CI host once gave the gate on its first three
+    plain steps) is outweighed by the second plain run calibration takes: the gate ends up plain with a drafter that
+    never pays, instead of speculating until its first re-run of plain, max_explore_every steps later."""
+    config = GateConfig()
+    gate = SpecGate(config)
+    drafted_before, modes = False, []
+    for t in range(400):
+        spec = gate.decide(4)
+        verifies = drafted_before and spec
+        seconds = (4 / 900 if spec else 4 / 2900) * (40 if t < 3 else 1)  # spec: 900 tok/s committing 1 a request
+        if spec == verifies:
+            gate.observe(speculative=spec, batch_size=4, committed_tokens=4, seconds=seconds)
+        modes.append(spec)
+        drafted_before = spec
+    assert gate.regime(4).winner(config) is False, summary(gate)
+    assert sum(modes) < 0.1 * len(modes), summary(gate)
+    stalled = SpecGate(GateConfig(min_samples=2))  # one run of each mode: the stall decides
+    for t in range(12):
+        spec = stalled.decide(4)
+        stalled.observe(speculative=spec, batch_size=4, committed_tokens=4, seconds=(4 / 900 if spec else 4 / 2900) * (
+            40 if t < 3 else 1))
+    assert stalled.regime(4).winner(stalled.config) is True

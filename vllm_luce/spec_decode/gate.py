@@ -36,7 +36,7 @@ class Average:
 @dataclass(frozen=True)
 class GateConfig:
     run_length: int = 3  # steps a decision holds
-    min_samples: int = 2  # measured steps of each mode before a regime decides
+    min_samples: int = 4  # measured steps of each mode before a regime decides: two runs of each
     smoothing: float = 0.25  # weight of a new sample in the moving averages
     explore_budget: float = 0.005  # share of time re-running the losing mode may lose against the winner
     explore_every: int = 64  # fewest steps of a regime between two such re-runs
