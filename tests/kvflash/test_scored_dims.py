@@ -4,11 +4,10 @@ neox half, a fully rotated head all of it)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace as NS
-
 import pytest
 import torch
 
+from tests.kvflash.test_query_window import _model
 from vllm_luce.kernels.scored_dims import FAST_PAIRS, ScoredDims
 from vllm_luce.kvflash.worker import scored_dims
 
@@ -19,11 +18,6 @@ def _rope(head: int, parameters: dict, neox: bool = True):
 
     with set_current_vllm_config(VllmConfig()):
         return get_rope(head, 4096, neox, parameters, torch.bfloat16)
-
-
-def _model(rotary):
-    modules = {"layers.0.attn": NS(rotary_emb=rotary)}
-    return NS(named_modules=lambda: modules.items()), ["layers.0.attn.attn"]
 
 
 @pytest.mark.parametrize("head,parameters,neox,expected", [

@@ -21,19 +21,25 @@ class ScoredDims(NamedTuple):
     skip: int = 0
     period: int = 0
 
-    def count(self, head_dim: int) -> int:
+    def runs(self, head_dim: int) -> tuple[int, int, int]:
+        """(skip, period, kept): each ``period`` dims of the head keep their last ``kept``, as the kernels take it."""
         period = self.period or head_dim
-        return head_dim // period * (period - self.skip)
+        return self.skip, period, period - self.skip
+
+    def count(self, head_dim: int) -> int:
+        _, period, kept = self.runs(head_dim)
+        return head_dim // period * kept
 
     def index(self, head_dim: int) -> torch.Tensor:
         """The kept dims, ascending, as a long tensor."""
-        period = self.period or head_dim
-        return torch.tensor([d for d in range(head_dim) if d % period >= self.skip], dtype=torch.long)
+        _, period, _ = self.runs(head_dim)
+        dims = torch.arange(head_dim)
+        return dims[dims % period >= self.skip]
 
     def check(self, name: str, head_dim: int) -> None:
         """Whole periods that leave a dim to score, and kept runs of even length (the kernels read dims in pairs)
         wherever there is more than one run."""
-        period = self.period or head_dim
+        _, period, _ = self.runs(head_dim)
         if not (0 <= self.skip < period <= head_dim and head_dim % period == 0) or (
                 period < head_dim and (period - self.skip) % 2):
             raise ValueError(f"{name}: scored dims {tuple(self)} do not fit a head of {head_dim}: expected skip in "

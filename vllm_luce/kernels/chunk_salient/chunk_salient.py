@@ -212,12 +212,6 @@ def _salient_scores_kernel(
     tl.store(out_ptr + chunks.to(tl.int64) * stride_oc + layer * stride_ol, best, mask=chunks < num_chunks)
 
 
-def _kernel_dims(scored: ScoredDims, head_dim: int) -> tuple[int, int, int]:
-    """(skip, period, kept per period) as the kernels take them."""
-    period = scored.period or head_dim
-    return scored.skip, period, period - scored.skip
-
-
 def salient_keys(caches: LayerCaches, slots: torch.Tensor, head_dim: int, scored: ScoredDims = ScoredDims(),
                  out: torch.Tensor | None = None) -> torch.Tensor:
     """[layers, kv_heads, 2, row_bytes(scored.count(head_dim))] uint8 (``out`` if given): per layer and KV head, key 1
@@ -238,9 +232,8 @@ def salient_keys(caches: LayerCaches, slots: torch.Tensor, head_dim: int, scored
     base = caches.base
     _salient_keys_kernel[(layers, heads)](
         base, caches.offsets, slots.to(caches.device), out, caches.block_size, base.stride(0),
-        base.stride(1), base.stride(2), len(slots), head_dim, *_kernel_dims(scored, head_dim), stored, num_bytes,
-        out.stride(0), out.stride(1),
-        out.stride(2), BLOCK_T=max(1, min(triton.next_power_of_2(len(slots)), 8192 // block_d)), BLOCK_D=block_d,
+        base.stride(1), base.stride(2), len(slots), head_dim, *scored.runs(head_dim), stored, num_bytes,
+        out.stride(0), out.stride(1), out.stride(2), BLOCK_T=max(1, min(triton.next_power_of_2(len(slots)), 8192 // block_d)), BLOCK_D=block_d,
         BLOCK_B=triton.next_power_of_2(num_bytes))
     return out
 
@@ -275,6 +268,6 @@ def salient_scores(queries: torch.Tensor, summaries: torch.Tensor, scored: Score
         grid = lambda meta: (triton.cdiv(num_chunks, meta["BLOCK_C"]), layers)  # noqa: E731
         _salient_scores_kernel[grid](
             queries, summaries, out, *queries.stride(), *summaries.stride(), *out.stride(),
-            num_chunks, hkv, hq // hkv, *_kernel_dims(scored, head_dim), dims, k_bytes - 2, float(head_dim) ** 0.5,
+            num_chunks, hkv, hq // hkv, *scored.runs(head_dim), dims, k_bytes - 2, float(head_dim) ** 0.5,
             BLOCK_B=triton.next_power_of_2(k_bytes - 2))
     return out
