@@ -61,8 +61,10 @@ def gpu_env(plugins: bool = True, **overrides: str) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = str(int(worker[2:]) % devices)
     env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # LLM.apply_model sends a function to the workers
     # Each engine's ports (vLLM scans up from VLLM_PORT) in a range of its own: two TP=2 engines started at once
-    # once drew the same free port from the OS and one failed with EADDRINUSE.
-    env.setdefault("VLLM_PORT", str(20000 + 4000 * (TP - 1) + 400 * int(worker[2:]) + 40 * (next(_ENGINES) % 10)))
+    # once drew the same free port from the OS and one failed with EADDRINUSE. Two tier runs of one TP side by side
+    # take separate bases (LUCE_GPU_PORT_BASE).
+    base = int(os.environ.get("LUCE_GPU_PORT_BASE", "20000"))
+    env.setdefault("VLLM_PORT", str(base + 4000 * (TP - 1) + 400 * int(worker[2:]) + 40 * (next(_ENGINES) % 10)))
     if not plugins:
         env["VLLM_PLUGINS"] = ""
     env.update(overrides)
