@@ -112,6 +112,8 @@ PATCHES: dict[str, tuple[str, str, str]] = {
         "DFlash", ON_IMPORT, "CPU (vLLM bug): unit-stride inputs for the GDN decode of a step without spec rows"),
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids": (
         "DFlash", ON_IMPORT, "V1: cut each request's drafts to its verify width"),
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs": (
+        "DFlash", ON_IMPORT, "V1 on vLLM 0.26 (vLLM bug): a hybrid target's state for a decode without drafts"),
     "vllm.v1.spec_decode.dflash:DFlashProposer.propose": (
         "DFlash", ON_IMPORT, "V1: on the gate's plain steps run only the drafter's context pass"),
     "vllm._custom_ops:rms_norm": (

@@ -90,7 +90,9 @@ def test_trained_hybrid_pair_gated_equals_no_speculation(trained_hybrid, tmp_pat
                                                speculative_config={"model": "dflash"})}, tmp_path), {"name": "gated"}))
     assert gated["counters"].get("vllm:spec_decode_num_drafts", 0) > 0, gated["counters"]
     # A verify step runs the target on 1 + K tokens a request where a plain step runs one: in bf16 the two round
-    # apart, so greedy tokens may part where the two best are tied (351d77c, TP=1: one request parted at position 15).
+    # apart, so greedy tokens may part where the two best are tied, and nowhere else. At dd596e2 (TP=1) one request
+    # parted at position 15 with top-2 gaps 1.5 and 3.6: vLLM 0.26 read the Gated DeltaNet state of the wrong token on
+    # the gate's plain steps (patches/gpu_recurrent_state.py).
     parted = parts(gated, plain)
     keep_report(f"dflash_trained_pair_{'gguf' if gguf else 'safetensors'}_tp{TP}", {"parts": parted})
     assert all(p["tie"] for p in parted), parted

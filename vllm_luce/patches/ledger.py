@@ -157,6 +157,36 @@ LEDGER: tuple[LedgerEntry, ...] = (
                     "adaptive verification does for DSpark).",
     ),
     LedgerEntry(
+        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs",
+        signature="(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: np.ndarray) -> "
+                  "tuple[torch.Tensor, SpecDecodeMetadata | None, int]",
+        per_series={"0.26": "(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: np.ndarray) -> "
+                            "tuple[torch.Tensor, SpecDecodeMetadata | None]",
+                    "0.32": None, "0.33": None},
+        module="vllm_luce.patches.gpu_recurrent_state",
+        why="vLLM 0.26 bug: in a speculating engine on a hybrid target (Qwen3.5/3.6), a decode row without drafts "
+            "reads its Gated DeltaNet state at slot 0 and conv offset 0, where a verify step that accepted drafts "
+            "left it at slot a - 1. The DFlash gate's plain steps are such rows: on an H200 the trained Qwen3.6 "
+            "pair's gated greedy output left plain decoding's at a token both runs were sure of (351d77c).",
+        how="Wraps V1's _prepare_inputs (vLLM 0.26 only): after it, for each row that decodes one token without "
+            "drafts while its request verified drafts in the step before, moves every GDN layer's ssm slot a - 1 "
+            "to slot 0 and its conv window at offset a - 1 to offset 0, with a the row's accepted count that "
+            "_prepare_inputs put on the GPU (spec_decode/recurrent_state.py).",
+        remove_when="vllm-luce drops vLLM 0.26 (0.32 runs such rows through the verify path with zero drafts).",
+        upstream_issue=UpstreamIssue(
+            title="Hybrid spec decode: a decode step without drafts after a verify step reads the GDN/Mamba state "
+                  "of the first verified token (vLLM 0.26; fixed by 0.32)",
+            symptom="On a Qwen3.5/3.6 target with speculative decoding, greedy output changes when a step schedules "
+                    "no drafts after a step that accepted some (dynamic speculation at K = 0, drafts cut by the "
+                    "scheduler's token budget).",
+            cause="GPUModelRunner._prepare_inputs builds num_decode_draft_tokens only when some row has drafts, and "
+                  "GDNAttentionMetadataBuilder.build takes the non-spec path when no row drafts, reading "
+                  "block_table[:, 0] and conv offset 0 instead of slot num_accepted - 1.",
+            fix="As vLLM 0.32 does: count a decode row without drafts as a speculative row with zero drafts, and "
+                "keep the speculative path when every row drafted nothing.",
+        ),
+    ),
+    LedgerEntry(
         target="vllm.v1.spec_decode.dflash:DFlashProposer.propose",
         signature='(self, num_speculative_tokens, target_token_ids: torch.Tensor, '
                   'target_positions: torch.Tensor, target_hidden_states: torch.Tensor, '

@@ -1,0 +1,47 @@
+"""Where a hybrid target's recurrent state (Gated DeltaNet, Mamba) is after a verify step, and moving it to where
+a decode step without drafts reads it (pure torch: no vLLM import).
+
+A speculating engine keeps each request's recurrent state in the first 1 + K slots of its block-table row. A verify
+step of q tokens writes the state after its i-th token to slot i and appends its conv inputs to the conv window of
+slot 0; the next verify step resumes from slot a - 1 and reads the conv window at offset a - 1, where a is the
+number of tokens the step kept (its accepted drafts and the token sampled after them). A decode step without drafts
+reads slot 0 and the window at offset 0: the right state only when a == 1. vLLM 0.32 sends such rows through the
+verify path with zero drafts; vLLM 0.26 does not (``patches/gpu_recurrent_state.py`` moves the state instead).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping, Sequence
+
+import torch
+
+
+def rows_to_realign(drafted_before: Iterable[str], req_ids: Sequence[str], drafts_now: Mapping[str, Sequence],
+                    num_scheduled: Sequence[int]) -> list[int]:
+    """The batch rows that decode one token with no drafts in this step while their request verified drafts in
+    the step before (``drafted_before``): the rows whose state a verify step may have left away from slot 0."""
+    before = set(drafted_before)
+    return [row for row, req_id in enumerate(req_ids)
+            if req_id in before and not drafts_now.get(req_id) and num_scheduled[row] == 1]
+
+
+def realign(conv: torch.Tensor, ssm: torch.Tensor, slots: torch.Tensor, accepted: torch.Tensor, window: int,
+            conv_dim_first: bool) -> None:
+    """Move each row's recurrent state in place to where a decode step without drafts reads it: ``ssm`` slot 0 of
+    the row takes slot a - 1, and the conv window at offset 0 (``window`` = kernel width - 1 inputs) takes the
+    window at offset a - 1.
+
+    ``conv``: [blocks, dim, state_len] (``conv_dim_first``) or [blocks, state_len, dim]; ``ssm``: [blocks, ...];
+    ``slots``: the rows' block-table rows, [rows, >= 1 + K]; ``accepted``: a per row (>= 1, as the engine counts
+    it after a verify step; 1 after a step without drafts, which leaves the row as it is)."""
+    shift = (accepted.to(torch.long) - 1).clamp(min=0)
+    slots = slots.to(torch.long)
+    dst, src = slots[:, 0], slots.gather(1, shift[:, None]).squeeze(1)
+    ssm.index_copy_(0, dst, ssm.index_select(0, src))
+    state = conv.index_select(0, dst)
+    positions = shift[:, None] + torch.arange(window, device=conv.device)
+    if conv_dim_first:
+        state[:, :, :window] = state.gather(2, positions[:, None, :].expand(-1, state.size(1), -1))
+    else:
+        state[:, :window, :] = state.gather(1, positions[:, :, None].expand(-1, -1, state.size(2)))
+    conv.index_copy_(0, dst, state)
