@@ -15,7 +15,11 @@ process of its own (the test-only classes register in that process, so its engin
 * ``dynamic``: vLLM alone, DFlash with vLLM's ``num_speculative_tokens_per_batch_size`` (``DYNAMIC_TABLE``);
 * ``gated``: vllm-luce with its gate (the default when vLLM speculates with DFlash);
 * ``ungated``: vllm-luce with the gate off (``{"dflash": {"gate": false}}``), every draft verified: fixed DFlash
-  with the plugin loaded, so that gated against ungated is the gate's own effect.
+  with the plugin loaded, so that gated against ungated is the gate's own effect;
+* ``bare`` (diagnostic, Model Runner V2, not in the default set): gated, with the speculator skipped outright on
+  plain steps (no drafter context write either), so that bare against gated is what the speculator costs a plain
+  step and bare against none what the rest of a speculating engine costs one. Drafts after a plain run then lack
+  their context: run it where acceptance does not matter (p = 0).
 At each concurrency c (c requests submitted together, prompts of ``--prompt-tokens`` random ids on their own
 token ranges, ``--max-tokens`` out, greedy, ``ignore_eos``) an engine runs one warm-up pass (the gate calibrates
 there), then ``--repeats`` measured passes; a cell is the median of its passes' output tokens / wall seconds,
@@ -40,7 +44,8 @@ from pathlib import Path
 
 from benchmarks.vllm_gpu_common import header
 
-MODES = ("none", "control", "fixed", "dynamic", "gated", "ungated")
+MODES = ("none", "control", "fixed", "dynamic", "gated", "ungated", "bare")
+DEFAULT_MODES = MODES[:-1]
 VLLM_ALONE = {"none", "control", "fixed", "dynamic"}
 # vLLM's dynamic speculation is a static table of K by batch size (inclusive ranges): the full block for small
 # batches, fewer drafts as the batch grows and verification competes with other requests, none beyond 64.
@@ -63,6 +68,8 @@ def measure(spec: dict) -> dict:
 
     register_scaled_models()
     llm = LLM(model=spec["target"], load_format="dummy", seed=0, disable_log_stats=False, **spec["llm"])
+    if spec["mode"] == "bare":
+        skip_speculator_on_plain_steps(llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker)
     params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True, detokenize=False)
     vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
     span = spec["prompt_tokens"] + spec["max_tokens"] + 32
@@ -99,6 +106,24 @@ def measure(spec: dict) -> dict:
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     return {"cells": cells, "gate": summary, "device": device, "vllm": vllm.__version__, "torch": torch.__version__}
+
+
+def skip_speculator_on_plain_steps(worker) -> None:
+    """The ``bare`` mode: on the gate's plain steps Model Runner V2 skips its speculator's ``propose`` (the
+    drafter's context write included) and keeps the drafts it has, which no plain step verifies."""
+    runner = worker.model_runner
+    step = getattr(runner, "luce_plain_steps", None)
+    if step is None:
+        raise SystemExit("bare: needs the DFlash gate on Model Runner V2 (a dense target on the GPU)")
+    speculator = runner.speculator
+    propose = speculator.propose
+
+    def propose_unless_plain(input_batch, *args, **kwargs):
+        if step.plain and not kwargs.get("dummy_run"):
+            return speculator.draft_tokens[:input_batch.num_reqs]
+        return propose(input_batch, *args, **kwargs)
+
+    speculator.propose = propose_unless_plain
 
 
 def timed_steps(engine) -> list[float]:
@@ -148,8 +173,8 @@ def engine_specs(args, root: Path) -> list[dict]:
                 if mode == "dynamic":
                     speculative["num_speculative_tokens_per_batch_size"] = [list(r) for r in args.dynamic_table]
                 llm["speculative_config"] = speculative
-            if mode in ("gated", "ungated"):
-                llm["additional_config"] = {"luce": {"dflash": {"gate": mode == "gated"}}}
+            if mode in ("gated", "ungated", "bare"):
+                llm["additional_config"] = {"luce": {"dflash": {"gate": mode != "ungated"}}}
             name = mode if level is None else f"{mode}@{level}"
             specs.append({"name": name, "mode": mode, "level": level, "target": str(target), "llm": llm,
                           "plugins": mode not in VLLM_ALONE, "concurrency": args.concurrency,
@@ -205,6 +230,10 @@ def table(results: dict, levels: list[float], concurrency: list[int]) -> tuple[l
         cells = results.get(name, {}).get("cells", [])
         return next((x["tokens_per_s"] for x in cells if x["concurrency"] == c), None)
 
+    def step_ms(name, c):
+        return next((x.get("median_step_ms") for x in results.get(name, {}).get("cells", [])
+                     if x["concurrency"] == c), None)
+
     def accepted(name, c):
         x = next((x for x in results.get(name, {}).get("cells", []) if x["concurrency"] == c), {})
         return round(x["num_accepted_tokens"] / x["num_drafts"], 2) if x.get("num_drafts") else None
@@ -213,9 +242,11 @@ def table(results: dict, levels: list[float], concurrency: list[int]) -> tuple[l
         for c in concurrency:
             none = rate("none", c)
             row = {"level": level, "concurrency": c, "none_tok_s": none and round(none, 1)}
-            for mode in ("control", "fixed", "dynamic", "gated", "ungated"):
+            for mode in ("control", "fixed", "dynamic", "gated", "ungated", "bare"):
                 r = rate(mode if mode == "control" else f"{mode}@{level}", c)
                 row[f"{mode}/none"] = round(r / none, 3) if r and none else None
+            steps = {mode: step_ms(mode if mode in ("none", "control") else f"{mode}@{level}", c) for mode in MODES}
+            row["median_step_ms"] = {mode: ms for mode, ms in steps.items() if ms is not None}
             row["accepted_per_draft(fixed)"] = accepted(f"fixed@{level}", c)
             best = max(x for x in (1.0, row["fixed/none"]) if x is not None)
             if row["gated/none"] is not None:
@@ -237,7 +268,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--levels", type=float, nargs="+", default=[0.0, 0.5, 0.9])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64, 128])
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    ap.add_argument("--modes", nargs="+", default=list(DEFAULT_MODES), choices=MODES)
     ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--max-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=2)

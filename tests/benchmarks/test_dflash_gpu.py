@@ -16,3 +16,34 @@ def test_ratios_are_to_no_speculation_and_gated_to_the_better_of_none_and_fixed(
     assert rows[0]["control/none"] == 1.02 and rows[1]["fixed/none"] == 0.5
     assert misses == ["p=0.0 c=4: gated 0.95x the better of none and fixed",
                       "p=0.9 c=1: gated 0.962x the better of none and fixed"]
+
+
+def test_rows_carry_each_modes_median_step_and_the_bare_diagnostic():
+    def timed(rate, ms):
+        return {"cells": [{"concurrency": 1, "tokens_per_s": rate, "median_step_ms": ms}]}
+
+    results = {"none": timed(100, 5.0), "gated@0.0": timed(97, 5.15), "bare@0.0": timed(99, 5.05)}
+    (row,), _ = table(results, [0.0], [1])
+    assert row["bare/none"] == 0.99 and row["gated/none"] == 0.97
+    assert row["median_step_ms"] == {"none": 5.0, "gated": 5.15, "bare": 5.05}
+
+
+def test_bare_skips_the_speculator_on_plain_steps_only():
+    from types import SimpleNamespace
+
+    import pytest
+
+    from benchmarks.dflash_gpu import skip_speculator_on_plain_steps
+
+    calls = []
+    speculator = SimpleNamespace(draft_tokens=[[7], [8], [9]], propose=lambda batch, *a, **k: calls.append(k) or "new")
+    step = SimpleNamespace(plain=True)
+    skip_speculator_on_plain_steps(SimpleNamespace(model_runner=SimpleNamespace(luce_plain_steps=step,
+                                                                                speculator=speculator)))
+    batch = SimpleNamespace(num_reqs=2)
+    assert speculator.propose(batch) == [[7], [8]] and calls == []
+    assert speculator.propose(batch, dummy_run=True) == "new"
+    step.plain = False
+    assert speculator.propose(batch) == "new" and len(calls) == 2
+    with pytest.raises(SystemExit, match="Model Runner V2"):
+        skip_speculator_on_plain_steps(SimpleNamespace(model_runner=SimpleNamespace(speculator=speculator)))
