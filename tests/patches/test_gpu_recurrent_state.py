@@ -33,7 +33,7 @@ def window(conv_block: torch.Tensor, start: int) -> torch.Tensor:
     return conv_block[:, start:start + WIDTH - 1] if dim_first() else conv_block[start:start + WIDTH - 1]
 
 
-def runner(req_ids, accepted, *, speculative=True, hybrid=True):
+def runner(req_ids, accepted, *, speculative=True, hybrid=True, mode="none"):
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
     mamba = MambaSpec(block_size=16, shapes=((2, WIDTH - 1 + K), (4,)), dtypes=(torch.float32, torch.float32))
@@ -42,6 +42,7 @@ def runner(req_ids, accepted, *, speculative=True, hybrid=True):
     rows = torch.arange(len(req_ids) * (1 + K), dtype=torch.int32).view(len(req_ids), 1 + K) + 1
     return SimpleNamespace(
         speculative_config=object() if speculative else None, model_config=SimpleNamespace(is_hybrid=hybrid),
+        cache_config=SimpleNamespace(mamba_cache_mode=mode),
         compilation_config=SimpleNamespace(static_forward_context=layers),
         kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=full, layer_names=["full.0"]),
                                                          SimpleNamespace(kv_cache_spec=mamba,
@@ -76,9 +77,10 @@ def test_a_plain_step_after_a_verify_step_moves_the_accepted_state_once():
     assert run.luce_recurrent_realigner.rows_moved == 2
 
 
-@pytest.mark.parametrize("speculative, hybrid", [(False, True), (True, False)])
-def test_engines_without_speculation_or_recurrent_layers_are_left_alone(speculative, hybrid):
-    run = runner(["a"], accepted=[3], speculative=speculative, hybrid=hybrid)
+@pytest.mark.parametrize("speculative, hybrid, mode", [(False, True, "none"), (True, False, "none"),
+                                                       (True, True, "align"), (True, True, "all")])
+def test_engines_without_speculation_recurrent_layers_or_first_slots_are_left_alone(speculative, hybrid, mode):
+    run = runner(["a"], accepted=[3], speculative=speculative, hybrid=hybrid, mode=mode)
     prepare = _make_wrapper(lambda self, output, num_scheduled: "inputs")
     step(prepare, run, {"a": [1, 2, 3]}, [4])
     assert step(prepare, run, {}, [1]) == "inputs" and run.luce_recurrent_realigner is None

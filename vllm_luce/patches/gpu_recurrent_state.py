@@ -33,8 +33,11 @@ class Realigner:
 
     @classmethod
     def of(cls, runner) -> "Realigner | None":
-        """None unless the runner speculates on a target with Gated DeltaNet layers."""
-        if runner.speculative_config is None or not runner.model_config.is_hybrid:
+        """None unless the runner speculates on a target with Gated DeltaNet layers whose state slots are the first
+        1 + K of each block-table row (``mamba_cache_mode`` "none", vLLM's mode without prefix caching; the
+        prefix-caching modes lay the slots out by position and copy accepted states themselves)."""
+        if runner.speculative_config is None or not runner.model_config.is_hybrid \
+                or runner.cache_config.mamba_cache_mode != "none":
             return None
         from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
         from vllm.v1.kv_cache_interface import MambaSpec

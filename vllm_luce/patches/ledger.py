@@ -168,7 +168,8 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "reads its Gated DeltaNet state at slot 0 and conv offset 0, where a verify step that accepted drafts "
             "left it at slot a - 1. The DFlash gate's plain steps are such rows: on an H200 the trained Qwen3.6 "
             "pair's gated greedy output left plain decoding's at a token both runs were sure of (351d77c).",
-        how="Wraps V1's _prepare_inputs (vLLM 0.26 only): after it, for each row that decodes one token without "
+        how="Wraps V1's _prepare_inputs (vLLM 0.26, mamba_cache_mode none: without prefix caching): after it, for "
+            "each row that decodes one token without "
             "drafts while its request verified drafts in the step before, moves every GDN layer's ssm slot a - 1 "
             "to slot 0 and its conv window at offset a - 1 to offset 0, with a the row's accepted count that "
             "_prepare_inputs put on the GPU (spec_decode/recurrent_state.py).",
