@@ -34,7 +34,7 @@ MAX_HEAD_DIM = 256
 @autotune(configs=[triton.Config({"BLOCK_T": 32}, num_warps=4), triton.Config({"BLOCK_T": 64}, num_warps=4),
                    triton.Config({"BLOCK_T": 16}, num_warps=2), triton.Config({"BLOCK_T": 128}, num_warps=8)],
           key=["BLOCK_SIZE", "BLOCK_D"])
-@triton.jit
+@triton.jit(do_not_specialize=["seq_len"])
 def _block_mean_kernel(k_ptr, out_ptr, stride_kt, stride_kh, stride_kd, stride_on, stride_oh, stride_od,
                        seq_len, head_dim, BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_T: tl.constexpr):
     n = tl.program_id(0)
@@ -93,7 +93,7 @@ _SCORE_CONFIGS = [triton.Config({}, num_warps=4), triton.Config({}, num_warps=8)
 
 
 @autotune(configs=_SCORE_CONFIGS, key=["BLOCK_SIZE", "BLOCK_D", "BLOCK_M", "BLOCK_N"])
-@triton.jit
+@triton.jit(do_not_specialize=["seq_len"])
 def _row_max_kernel(q_ptr, km_ptr, rowmax_ptr, stride_qt, stride_qh, stride_qd, stride_kn, stride_kh, stride_kd,
                     seq_len, head_dim, group, qk_scale, BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr):
@@ -111,7 +111,7 @@ def _row_max_kernel(q_ptr, km_ptr, rowmax_ptr, stride_qt, stride_qh, stride_qd, 
 
 
 @autotune(configs=_SCORE_CONFIGS, key=["BLOCK_SIZE", "BLOCK_D", "BLOCK_M", "BLOCK_N"])
-@triton.jit
+@triton.jit(do_not_specialize=["seq_len", "num_blocks"])
 def _block_score_kernel(q_ptr, km_ptr, rowmax_ptr, score_ptr, stride_qt, stride_qh, stride_qd, stride_kn, stride_kh,
                         stride_kd, stride_sh, stride_sm, seq_len, num_blocks, head_dim, group, qk_scale,
                         BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,

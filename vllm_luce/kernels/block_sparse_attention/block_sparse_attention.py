@@ -55,7 +55,7 @@ _CONFIGS = [  # the first is the interpreter's and a sound H100 default for D = 
 @autotune(configs=_CONFIGS, key=["BLOCK_SIZE", "BLOCK_D", "IEEE"])
 @triton.heuristics({"BLOCK_M": lambda a: min(a["BLOCK_M"], a["BLOCK_SIZE"]),
                     "BLOCK_N": lambda a: min(a["BLOCK_N"], a["BLOCK_SIZE"])})
-@triton.jit
+@triton.jit(do_not_specialize=["seq_len"])
 def _sparse_attention_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, index_ptr, count_ptr,
     stride_qt, stride_qh, stride_qd, stride_kt, stride_kh, stride_kd, stride_vt, stride_vh, stride_vd,

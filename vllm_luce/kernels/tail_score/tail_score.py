@@ -43,7 +43,7 @@ def _row_block(rows: int) -> int:
 @autotune(configs=[triton.Config({"BLOCK_N": 64}, num_warps=4), triton.Config({"BLOCK_N": 128}, num_warps=8),
                    triton.Config({"BLOCK_N": 32}, num_warps=4), triton.Config({"BLOCK_N": 128}, num_warps=4)],
           key=["BLOCK_M", "BLOCK_D"])
-@triton.jit
+@triton.jit(do_not_specialize=["L", "S", "num_splits", "split_keys"])
 def _tail_stats_kernel(
     q_ptr, k_ptr, m_ptr, l_ptr,
     stride_ql, stride_qh, stride_qd, stride_ks, stride_kh, stride_kd,
@@ -93,7 +93,7 @@ def _tail_stats_kernel(
         tl.store(l_ptr + out_off, l, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["L", "num_splits"])
 def _tail_merge_kernel(m_ptr, l_ptr, lse_ptr, L, num_splits, BLOCK_L: tl.constexpr):
     """Folds the per-split (max, sum) of one query head into lse = log2(sum of exp2(logits))."""
     h = tl.program_id(0).to(tl.int64)
