@@ -5,7 +5,8 @@ SPEC (JSON): {"model": path, "llm": {LLM keyword arguments}, "prompts": [text or
 "rpc": ["kvflash"] (the workers' KVFlash totals; "reselections": each worker's reselections of every request:
 (tokens, resident before, resident after, {chunk: score}), any engine), "kvflash_probe": bool,
 "record_reselections": bool (each request's KVFlash reselections, in-process engines only), "logprobs": k (each
-position's sampled and top-k logprobs, and the top token ids)}. OUT gets the greedy token ids, the serving
+position's sampled and top-k logprobs, and the top token ids), "gate": {GateConfig fields} (the DFlash gate replaced
+by one of this config, e.g. one that switches every few steps; in-process engine cores only)}. OUT gets the greedy token ids, the serving
 class, how vLLM ran (model runner, CUDA graphs, async scheduling), vLLM's spec-decode counters and the
 vllm:luce_* metrics. Nothing here sets vLLM's runtime defaults: the spec's `llm` and the caller's
 environment (VLLM_PLUGINS, VLLM_USE_V2_MODEL_RUNNER) decide.
@@ -38,6 +39,11 @@ def run(spec: dict) -> dict:
 
         register_predictable_drafter()
     llm = LLM(model=spec["model"], disable_log_stats=False, **spec.get("llm", {}))
+    if spec.get("gate"):
+        from vllm_luce.spec_decode.gate import GateConfig, SpecGate
+
+        scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+        scheduler.luce_gate = SpecGate(GateConfig(**spec["gate"]))
     probe = None
     if spec.get("kvflash_probe"):
         from tests.gpu import kvflash_probe

@@ -9,8 +9,11 @@ from tests.gpu.conftest import RUNNERS, TP, keep_report, llm_args, parts, run_en
 
 K = 15
 PROMPT = list(range(100, 110))
-# The predictable drafter class is registered in the test's own process: engines run in-process.
+# The predictable drafter class is registered in the test's own process, and a test's gate replaced in the engine
+# core's: such engines run in-process.
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+SWITCHING = {"run_length": 2, "explore_every": 3, "max_explore_every": 3, "min_samples": 1, "patience": 1,
+             "retry_after": 3}
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +87,16 @@ def test_trained_hybrid_pair_gated_equals_no_speculation(trained_hybrid, tmp_pat
         target = models / "qwen36"
     prompts = ["def fibonacci(n):\n    ", "import json\n\nclass Encoder(json.JSONEncoder):\n", "for i in range("]
     base = {"model": str(target), "prompts": prompts, "max_tokens": 64, "logprobs": 2}
+    # A gate that switches every few steps and stops requests quickly: plain steps right after verify steps that
+    # accepted drafts, whatever the timings (the default gate's switches depend on them).
     plain, gated = side_by_side(
         (run_engine, ({**base, "llm": llm_args(max_model_len=1024, dtype="bfloat16")}, tmp_path), {"name": "plain"}),
-        (run_engine, ({**base, "llm": llm_args(max_model_len=1024, dtype="bfloat16",
-                                               speculative_config={"model": "dflash"})}, tmp_path), {"name": "gated"}))
+        (run_engine, ({**base, "gate": SWITCHING, "llm": llm_args(max_model_len=1024, dtype="bfloat16",
+                                                                  speculative_config={"model": "dflash"})}, tmp_path),
+         {"name": "gated", **IN_PROCESS}))
     assert gated["counters"].get("vllm:spec_decode_num_drafts", 0) > 0, gated["counters"]
+    switches = {mode: gated["counters"].get(f"vllm:luce_dflash_gate_steps{{mode={mode}}}", 0) for mode in ("spec", "plain")}
+    assert switches["spec"] > 0 and switches["plain"] > 0, gated["counters"]
     # A verify step runs the target on 1 + K tokens a request where a plain step runs one: in bf16 the two round
     # apart, so greedy tokens may part where the two best are tied, and nowhere else. At dd596e2 (TP=1) one request
     # parted at position 15 with top-2 gaps 1.5 and 3.6: vLLM 0.26 read the Gated DeltaNet state of the wrong token on
