@@ -59,7 +59,7 @@ class Realigner:
 
     def before_forward(self, runner, scheduler_output, num_scheduled) -> None:
         drafts = scheduler_output.scheduled_spec_decode_tokens
-        rows = rows_to_realign(self.drafted, runner.input_batch.req_ids, drafts, num_scheduled)
+        rows = rows_to_realign(self.drafted, runner.input_batch.req_ids, drafts, num_scheduled) if self.drafted else []
         self.drafted = frozenset(req_id for req_id, d in drafts.items() if d)
         if not rows:
             return
