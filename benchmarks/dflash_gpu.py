@@ -242,10 +242,13 @@ def table(results: dict, levels: list[float], concurrency: list[int]) -> tuple[l
         for c in concurrency:
             none = rate("none", c)
             row = {"level": level, "concurrency": c, "none_tok_s": none and round(none, 1)}
-            for mode in ("control", "fixed", "dynamic", "gated", "ungated", "bare"):
-                r = rate(mode if mode == "control" else f"{mode}@{level}", c)
+            def engine(mode):
+                return mode if mode in ("none", "control") else f"{mode}@{level}"
+
+            for mode in MODES[1:]:
+                r = rate(engine(mode), c)
                 row[f"{mode}/none"] = round(r / none, 3) if r and none else None
-            steps = {mode: step_ms(mode if mode in ("none", "control") else f"{mode}@{level}", c) for mode in MODES}
+            steps = {mode: step_ms(engine(mode), c) for mode in MODES}
             row["median_step_ms"] = {mode: ms for mode, ms in steps.items() if ms is not None}
             row["accepted_per_draft(fixed)"] = accepted(f"fixed@{level}", c)
             best = max(x for x in (1.0, row["fixed/none"]) if x is not None)

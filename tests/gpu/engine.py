@@ -6,9 +6,9 @@ SPEC (JSON): {"model": path, "llm": {LLM keyword arguments}, "prompts": [text or
 (tokens, resident before, resident after, {chunk: score}), any engine), "kvflash_probe": bool,
 "record_reselections": bool (each request's KVFlash reselections, in-process engines only), "logprobs": k (each
 position's sampled and top-k logprobs, and the top token ids), "gate": {GateConfig fields} (the DFlash gate replaced
-by one of this config, e.g. one that switches every few steps; in-process engine cores only)}. OUT gets the greedy token ids, the serving
-class, how vLLM ran (model runner, CUDA graphs, async scheduling), vLLM's spec-decode counters and the
-vllm:luce_* metrics. Nothing here sets vLLM's runtime defaults: the spec's `llm` and the caller's
+by one of this config, e.g. one that switches every few steps; in-process engine cores only)}. OUT gets the greedy
+token ids, the serving class, how vLLM ran (model runner, CUDA graphs, async scheduling), vLLM's spec-decode counters
+and the vllm:luce_* metrics. Nothing here sets vLLM's runtime defaults: the spec's `llm` and the caller's
 environment (VLLM_PLUGINS, VLLM_USE_V2_MODEL_RUNNER) decide.
 """
 

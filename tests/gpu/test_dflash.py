@@ -2,9 +2,12 @@
 from vLLM's metrics), the gate's lossless switching, verify width, a GGUF drafter, and the trained hybrid
 pair under `vllm serve --speculative-model dflash` with the openai client."""
 
+import dataclasses
+
 import pytest
 
 from fixtures import predictable as P
+from tests.e2e.test_dflash_gate import SWITCHING
 from tests.gpu.conftest import RUNNERS, TP, keep_report, llm_args, parts, run_engine, side_by_side
 
 K = 15
@@ -12,8 +15,11 @@ PROMPT = list(range(100, 110))
 # The predictable drafter class is registered in the test's own process, and a test's gate replaced in the engine
 # core's: such engines run in-process.
 IN_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-SWITCHING = {"run_length": 2, "explore_every": 3, "max_explore_every": 3, "min_samples": 1, "patience": 1,
-             "retry_after": 3}
+
+
+def gate_steps(out: dict) -> dict:
+    """The gate's steps by mode, from an engine report's vllm:luce_* counters."""
+    return {mode: out["counters"].get(f"vllm:luce_dflash_gate_steps{{mode={mode}}}", 0) for mode in ("spec", "plain")}
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +68,7 @@ def test_gate_switches_on_the_always_wrong_pair_and_output_is_unchanged(pair, tm
     gated = predictable_run(pair, tmp_path, "wrong", runner, gate=True, tokens=200)
     assert fixed["tokens"] == gated["tokens"] == expected(4, 200)
     assert fixed["stats"]["num_accepted_tokens"] == 0 and fixed["stats"]["num_draft_tokens"] > 0
-    steps = {mode: gated["counters"].get(f"vllm:luce_dflash_gate_steps{{mode={mode}}}", 0) for mode in ("spec", "plain")}
+    steps = gate_steps(gated)
     assert steps["spec"] > 0 and steps["plain"] > 0, gated["counters"]
 
 
@@ -89,13 +95,13 @@ def test_trained_hybrid_pair_gated_equals_no_speculation(trained_hybrid, tmp_pat
     base = {"model": str(target), "prompts": prompts, "max_tokens": 64, "logprobs": 2}
     # A gate that switches every few steps and stops requests quickly: plain steps right after verify steps that
     # accepted drafts, whatever the timings (the default gate's switches depend on them).
+    gated_spec = {**base, "gate": dataclasses.asdict(SWITCHING),
+                  "llm": llm_args(max_model_len=1024, dtype="bfloat16", speculative_config={"model": "dflash"})}
     plain, gated = side_by_side(
         (run_engine, ({**base, "llm": llm_args(max_model_len=1024, dtype="bfloat16")}, tmp_path), {"name": "plain"}),
-        (run_engine, ({**base, "gate": SWITCHING, "llm": llm_args(max_model_len=1024, dtype="bfloat16",
-                                                                  speculative_config={"model": "dflash"})}, tmp_path),
-         {"name": "gated", **IN_PROCESS}))
+        (run_engine, (gated_spec, tmp_path), {"name": "gated", **IN_PROCESS}))
     assert gated["counters"].get("vllm:spec_decode_num_drafts", 0) > 0, gated["counters"]
-    switches = {mode: gated["counters"].get(f"vllm:luce_dflash_gate_steps{{mode={mode}}}", 0) for mode in ("spec", "plain")}
+    switches = gate_steps(gated)
     assert switches["spec"] > 0 and switches["plain"] > 0, gated["counters"]
     # A verify step runs the target on 1 + K tokens a request where a plain step runs one: in bf16 the two round
     # apart, so greedy tokens may part where the two best are tied, and nowhere else. At dd596e2 (TP=1) one request

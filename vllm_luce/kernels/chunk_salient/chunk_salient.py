@@ -233,7 +233,8 @@ def salient_keys(caches: LayerCaches, slots: torch.Tensor, head_dim: int, scored
     _salient_keys_kernel[(layers, heads)](
         base, caches.offsets, slots.to(caches.device), out, caches.block_size, base.stride(0),
         base.stride(1), base.stride(2), len(slots), head_dim, *scored.runs(head_dim), stored, num_bytes,
-        out.stride(0), out.stride(1), out.stride(2), BLOCK_T=max(1, min(triton.next_power_of_2(len(slots)), 8192 // block_d)), BLOCK_D=block_d,
+        out.stride(0), out.stride(1), out.stride(2),
+        BLOCK_T=max(1, min(triton.next_power_of_2(len(slots)), 8192 // block_d)), BLOCK_D=block_d,
         BLOCK_B=triton.next_power_of_2(num_bytes))
     return out
 
