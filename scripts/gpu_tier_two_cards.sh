@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU tier on a two-card machine, TP=1 beside TP=2, in parts that each fit one 10-minute device call
-# (docs/gpu.md; on 2x H200 part a took 442 s and part b 543 s):
+# (docs/gpu.md; on 2x H200 part a took 460-480 s and part b 560 s):
 #   bash scripts/gpu_tier_two_cards.sh a    # KVFlash (needles included at TP=1) and the servers, salient kernels
-#   bash scripts/gpu_tier_two_cards.sh b    # DFlash and PFlash, and the TP=2 all-features server at its own share
-#   bash scripts/gpu_tier_two_cards.sh c    # the executors (not yet timed on two cards)
+#   bash scripts/gpu_tier_two_cards.sh b    # DFlash and TP=1 PFlash, and the TP=2 all-features server at its own share
+#   bash scripts/gpu_tier_two_cards.sh c    # the executors and TP=2 PFlash (not yet timed as one part)
 # Each run of scripts/gpu_tier.sh writes to $OUT/<part>-tp<N>; record the commit with LUCE_GIT_COMMIT.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -32,11 +32,11 @@ case $part in
     ;;
   b)
     tier b-tp2-serve 2 1 0.3 LUCE_GPU_PORT_BASE=32000 -- -k all_features &
-    tier b-tp2 2 3 0.1 -- -k "(dflash or pflash) and not serve" &
+    tier b-tp2 2 3 0.1 -- -k "dflash and not serve" &
     tier b-tp1 1 6 0.1 -- -k "(dflash or pflash) and not serve"
     ;;
   c)
-    tier c-tp2 2 4 0.1 -- -k executors &
+    tier c-tp2 2 4 0.1 -- -k "executors or pflash" &
     tier c-tp1 1 8 0.1 -- -k executors
     ;;
   *) echo "part a, b or c" >&2; exit 2 ;;

@@ -167,7 +167,8 @@ LEDGER: tuple[LedgerEntry, ...] = (
         why="vLLM 0.26 bug: in a speculating engine on a hybrid target (Qwen3.5/3.6), a decode row without drafts "
             "reads its Gated DeltaNet state at slot 0 and conv offset 0, where a verify step that accepted drafts "
             "left it at slot a - 1. The DFlash gate's plain steps are such rows: on an H200 the trained Qwen3.6 "
-            "pair's gated greedy output left plain decoding's at a token both runs were sure of (351d77c).",
+            "pair's gated greedy output left plain decoding's at a token both runs were sure of (351d77c); with "
+            "this patch it equals plain decoding at TP=1 and TP=2 (0ad9513).",
         how="Wraps V1's _prepare_inputs (vLLM 0.26, mamba_cache_mode none: without prefix caching): after it, for "
             "each row that decodes one token without "
             "drafts while its request verified drafts in the step before, moves every GDN layer's ssm slot a - 1 "
