@@ -19,7 +19,9 @@ process of its own (the test-only classes register in that process, so its engin
 * ``bare`` (diagnostic, Model Runner V2, not in the default set): gated, with the speculator skipped outright on
   plain steps (no drafter context write either), so that bare against gated is what the speculator costs a plain
   step and bare against none what the rest of a speculating engine costs one. Drafts after a plain run then lack
-  their context: run it where acceptance does not matter (p = 0).
+  their context: run it where acceptance does not matter (p = 0);
+* ``stash`` (not in the default set): gated with ``dflash.plain_context_stash`` (vLLM 0.26, Model Runner V2), the
+  plain steps' drafter context written in one pass when the drafter next runs instead of every step.
 At each concurrency c (c requests submitted together, prompts of ``--prompt-tokens`` random ids on their own
 token ranges, ``--max-tokens`` out, greedy, ``ignore_eos``) an engine runs one warm-up pass (the gate calibrates
 there), then ``--repeats`` measured passes; a cell is the median of its passes' output tokens / wall seconds,
@@ -44,8 +46,9 @@ from pathlib import Path
 
 from benchmarks.vllm_gpu_common import header
 
-MODES = ("none", "control", "fixed", "dynamic", "gated", "ungated", "bare")
-DEFAULT_MODES = MODES[:-1]
+MODES = ("none", "control", "fixed", "dynamic", "gated", "ungated", "bare", "stash")
+DEFAULT_MODES = MODES[:-2]
+STASH_TOKENS = 1024  # the ``stash`` mode's dflash.plain_context_stash
 VLLM_ALONE = {"none", "control", "fixed", "dynamic"}
 # vLLM's dynamic speculation is a static table of K by batch size (inclusive ranges): the full block for small
 # batches, fewer drafts as the batch grows and verification competes with other requests, none beyond 64.
@@ -173,13 +176,19 @@ def engine_specs(args, root: Path) -> list[dict]:
                 if mode == "dynamic":
                     speculative["num_speculative_tokens_per_batch_size"] = [list(r) for r in args.dynamic_table]
                 llm["speculative_config"] = speculative
-            if mode in ("gated", "ungated", "bare"):
-                llm["additional_config"] = {"luce": {"dflash": {"gate": mode != "ungated"}}}
+            if mode not in VLLM_ALONE:
+                llm["additional_config"] = luce_config(mode)
             name = mode if level is None else f"{mode}@{level}"
             specs.append({"name": name, "mode": mode, "level": level, "target": str(target), "llm": llm,
                           "plugins": mode not in VLLM_ALONE, "concurrency": args.concurrency,
                           "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "repeats": args.repeats})
     return specs
+
+
+def luce_config(mode: str) -> dict:
+    """vllm-luce's ``--additional-config`` for a mode with the plugin."""
+    dflash = {"gate": mode != "ungated"} | ({"plain_context_stash": STASH_TOKENS} if mode == "stash" else {})
+    return {"luce": {"dflash": dflash}}
 
 
 def run_child(spec: dict, workdir: Path, gpu: int | None, timeout: float) -> dict:

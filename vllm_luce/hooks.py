@@ -213,7 +213,14 @@ HOOKS: tuple[Hook, ...] = (
     _row(REBINDING, "vllm.v1.worker.gpu.spec_decode.dflash.speculator:DFlashSpeculator._generate_draft",
          f"{SD}.plain_steps:bind_v2", "DFlash", "V2: no drafter forward on a plain step (eager)"),
     _row(REBINDING, "vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.run_fullgraph", f"{SD}.plain_steps:bind_v2",
-         "DFlash", "V2: no drafter forward on a plain step (graph replay; the drafter's graph manager only)"),
+         "DFlash", "V2: no drafter forward on a plain step (graph replay; the drafter's graph manager only); "
+         "from vLLM 0.32 the speculator's _prepare_graph_forward (the graph's context write) runs eagerly instead"),
+    _row(REBINDING, "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.combine_hidden_states",
+         f"{SD}.plain_steps:bind_context_stash", "DFlash",
+         "V2 with plain_context_stash: a stashable plain step's features held instead of projected"),
+    _row(REBINDING, "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.precompute_and_store_context_kv",
+         f"{SD}.plain_steps:bind_context_stash", "DFlash",
+         "V2 with plain_context_stash: held context written in one pass before any other context write"),
     _row(REBINDING, "argparse:Action.type (vLLM's --additional-config)", f"{P}.engine_args:_make_add_cli_args",
          "config", "--additional-config parsed strictly as a JSON object"),
     # patches: one row per ledger entry, in the ledger's order (PATCHES below)

@@ -1,7 +1,7 @@
 """benchmarks/dflash_gpu.py's table: each engine's ratio to no speculation and gated's to the better of none and fixed,
 with the goals it misses."""
 
-from benchmarks.dflash_gpu import table
+from benchmarks.dflash_gpu import STASH_TOKENS, luce_config, table
 
 
 def engine(*rates):
@@ -47,3 +47,9 @@ def test_bare_skips_the_speculator_on_plain_steps_only():
     assert speculator.propose(batch) == "new" and len(calls) == 2
     with pytest.raises(SystemExit, match="Model Runner V2"):
         skip_speculator_on_plain_steps(SimpleNamespace(model_runner=SimpleNamespace(speculator=speculator)))
+
+
+def test_each_plugin_mode_sets_the_gate_and_only_stash_sets_the_stash():
+    assert luce_config("gated") == luce_config("bare") == {"luce": {"dflash": {"gate": True}}}
+    assert luce_config("ungated") == {"luce": {"dflash": {"gate": False}}}
+    assert luce_config("stash") == {"luce": {"dflash": {"gate": True, "plain_context_stash": STASH_TOKENS}}}

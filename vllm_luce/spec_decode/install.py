@@ -50,5 +50,20 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
     from vllm_luce import hooks
 
     hooks.bind(SCHEDULER_CLS, sched, GATED_SCHEDULERS[bool(getattr(sched, "async_scheduling", False))])
-    set_graph_table(vllm_config)  # Model Runner V2 on CUDA: one-token decode graphs for plain steps
+    v2_on_cuda = set_graph_table(vllm_config)  # Model Runner V2 on CUDA: one-token decode graphs for plain steps
+    check_context_stash(dflash.plain_context_stash, v2_on_cuda)
     return sched.scheduler_cls
+
+
+def check_context_stash(tokens: int, v2_on_cuda: bool) -> None:
+    """``dflash.plain_context_stash`` needs Model Runner V2 on CUDA and vLLM 0.26, whose DFlash speculator writes
+    the drafter's context eagerly (from 0.32 the drafter's CUDA graph writes a decode step's context)."""
+    if not tokens:
+        return
+    from vllm_luce.patches import installed_series
+
+    where = None if v2_on_cuda else "Model Runner V2 on CUDA"
+    if where is None and installed_series() != "0.26":
+        where = f"vLLM 0.26 (this is vLLM {installed_series()})"
+    if where:
+        raise LuceConfigError(f"dflash.plain_context_stash={tokens}: applies to {where}; set it to 0 or leave it out")

@@ -14,6 +14,8 @@ two reasons this module removes:
   step nobody verifies those drafts: under asynchronous scheduling the next step has no draft slots, and the
   scheduler drops them otherwise (``scheduler.py``). ``bind_v2`` keeps the context write, so the drafter's KV stays
   complete for when speculation resumes, and skips the drafter's forward (eager or graph replay) on such steps.
+  From vLLM 0.32 the drafter's full graph writes a decode step's context itself (its ``_prepare_graph_forward``);
+  a plain step then runs that part alone, eagerly.
 
 V1 (hybrid targets) already skips the drafter (``patches/dflash_proposer.py``); its plain steps still run
 piecewise graphs (vLLM's V1 captures one decode length).
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from vllm_luce import hooks
 from vllm_luce.log import logger, tag
+from vllm_luce.spec_decode.context_stash import ContextStash
 
 TABLE_SETTING = "vllm.config.speculative:SpeculativeConfig.num_speculative_tokens_per_batch_size"
 
@@ -49,14 +52,20 @@ def set_graph_table(vllm_config) -> bool:
 
 class PlainStep:
     """Whether the step the runner is executing asked for no drafts: set by ``execute_model``, read by the
-    speculator later in the same step (V2 runs a step's ``execute_model`` then its ``sample_tokens``)."""
+    speculator later in the same step (V2 runs a step's ``execute_model`` then its ``sample_tokens``).
+    ``stashable``: a plain step of one token per request in which no request started, finished or was preempted,
+    so no cache block changed hands since the step before."""
 
     def __init__(self):
         self.plain = False
+        self.stashable = False
         self.skipped = 0  # drafter forwards skipped, for tests and the log
 
     def note(self, scheduler_output) -> None:
-        self.plain = getattr(scheduler_output, "num_spec_tokens_to_schedule", None) == 0
+        out = scheduler_output
+        self.plain = getattr(out, "num_spec_tokens_to_schedule", None) == 0
+        self.stashable = self.plain and not out.scheduled_new_reqs and not out.finished_req_ids \
+            and not out.preempted_req_ids and out.total_num_scheduled_tokens == len(out.num_scheduled_tokens)
 
     def skip(self) -> bool:
         if self.plain:
@@ -89,13 +98,53 @@ def bind_v2(runner, luce) -> PlainStep | None:
     if manager is not None:
         run_fullgraph = manager.run_fullgraph
 
+        context_step = getattr(speculator, "_prepare_graph_forward", None)  # vLLM 0.32+: the graph's first part
+
         def run_fullgraph_unless_plain(desc):
             if not step.skip():
                 return run_fullgraph(desc)
+            if context_step is not None:  # the graph writes the step's context: write it without the drafter
+                context_step(desc.num_reqs, None)
             return None
 
         hooks.bind("vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.run_fullgraph", manager,
                    run_fullgraph_unless_plain)
+    stash = luce.dflash.plain_context_stash
+    if stash:  # checked at startup (install.check_context_stash)
+        bind_context_stash(speculator, step, ContextStash(stash))
     runner.luce_plain_steps = step
-    logger.info("%s: DFlash (Model Runner V2): plain steps write the drafter's context and skip its forward", tag())
+    logger.info("%s: DFlash (Model Runner V2): plain steps %s the drafter's context and skip its forward", tag(),
+                f"stash (up to {stash} tokens)" if stash else "write")
     return step
+
+
+def bind_context_stash(speculator, step: PlainStep, stash: ContextStash) -> None:
+    """A stashable step's context features, positions and slots go to ``stash`` instead of the drafter's cache;
+    any other context write first writes what the stash holds (``context_stash.py``)."""
+    model = speculator.model
+    combine, precompute = model.combine_hidden_states, model.precompute_and_store_context_kv
+    hidden_size = speculator.hidden_states.shape[-1]
+
+    def combine_or_stage(hidden_states):
+        if step.stashable and stash.stage(hidden_states):
+            return hidden_states[:, :hidden_size]  # propose copies it into a buffer that no plain step reads
+        return combine(hidden_states)
+
+    def precompute_or_commit(context_states, context_positions, context_slot_mapping=None):
+        slots = context_slot_mapping
+        if stash.staged and slots is not None and not (isinstance(slots, list) and any(s is None for s in slots)):
+            return stash.commit(context_positions, slots)
+        if stash.staged:  # staged, but this write cannot be kept: compute the features it replaced
+            context_states = combine(stash.staged_features())[:context_states.shape[0]]
+            stash.unstage()
+        if slots is not None:  # a dummy run's pass writes nothing: what the stash holds stays
+            held = stash.drain()
+            if held is not None:
+                features, positions, held_slots = held
+                precompute(combine(features), positions, held_slots)
+        return precompute(context_states, context_positions, context_slot_mapping)
+
+    hooks.bind("vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.combine_hidden_states", model,
+               combine_or_stage)
+    hooks.bind("vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.precompute_and_store_context_kv",
+               model, precompute_or_commit)
