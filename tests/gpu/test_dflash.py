@@ -33,9 +33,11 @@ def expected(requests, tokens, vocab=1024):
     return [[(PROMPT[-1] + 50 * i + j) % vocab for j in range(1, tokens + 1)] for i in range(requests)]
 
 
-def predictable_run(pair, tmp_path, drafter, runner, *, gate, tokens=64, requests=4, xargs=None, **luce):
+def predictable_run(pair, tmp_path, drafter, runner, *, gate, tokens=64, requests=4, xargs=None, switching=False,
+                    **luce):
     target, drafters = pair
     spec = {"model": str(target), "predictable": True, "max_tokens": tokens, "xargs": xargs,
+            "gate": dataclasses.asdict(SWITCHING) if switching else None,
             "prompts": [[t + 50 * i for t in PROMPT] for i in range(requests)],
             "llm": llm_args(max_model_len=512, dtype="bfloat16",
                             speculative_config={"model": str(drafters[drafter]), "method": "dflash"},
@@ -70,6 +72,20 @@ def test_gate_switches_on_the_always_wrong_pair_and_output_is_unchanged(pair, tm
     assert fixed["stats"]["num_accepted_tokens"] == 0 and fixed["stats"]["num_draft_tokens"] > 0
     steps = gate_steps(gated)
     assert steps["spec"] > 0 and steps["plain"] > 0, gated["counters"]
+
+
+@tp1_only
+def test_a_plain_context_stash_keeps_output_and_acceptance_v2(pair, tmp_path):
+    """``dflash.plain_context_stash`` on vLLM's V2 DFlash speculator, under a gate that switches every few steps:
+    the stash runs on vLLM's own tensors (slot lists, dtypes, padded batches) with output and acceptance unchanged.
+    That the drafter then reads the cache writing every step gives is the CPU test's (test_plain_steps.py)."""
+    out = predictable_run(pair, tmp_path, "right", "v2", gate=True, tokens=200, switching=True, plain_context_stash=64)
+    assert out["tokens"] == expected(4, 200)
+    stats, steps = out["stats"], gate_steps(out)
+    assert steps["spec"] > 0 and steps["plain"] > 0, out["counters"]
+    assert stats["num_drafts"] > 0 and stats["num_accepted_tokens"] == stats["num_draft_tokens"], stats
+    logs = "".join(p.read_text(errors="replace") for p in tmp_path.glob("engine-*.log"))
+    assert "plain steps stash (up to 64 tokens)" in logs
 
 
 @tp1_only
