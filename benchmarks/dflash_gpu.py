@@ -5,6 +5,7 @@ DFlash, with drafters right with probability 0, 0.5 and 0.9 per position, and an
     python -m benchmarks.dflash_gpu --json dflash_gpu.json                     # all engines, one GPU after another
     python -m benchmarks.dflash_gpu --gpus 4 --levels 0.9 --json a.json        # engines side by side, one per GPU
     python -m benchmarks.dflash_gpu --tiny --concurrency 1 4 --json t.json     # CPU smoke run (tiny shapes)
+    python -m benchmarks.dflash_gpu --gpus 1 --levels 0.0 --modes none split --json p0.json   # the plain step's cost
 
 Models (``fixtures/scaled.py``): a Qwen3-8B-shaped target whose greedy next token is token + 1, and a drafter
 of z-lab's Qwen3-8B-DFlash shape whose slot k is right with probability p (so position k is accepted with p^k);
@@ -22,6 +23,10 @@ process of its own (the test-only classes register in that process, so its engin
   their context: run it where acceptance does not matter (p = 0);
 * ``stash`` (not in the default set): gated with ``dflash.plain_context_stash`` (vLLM 0.26, Model Runner V2), the
   plain steps' drafter context written in one pass when the drafter next runs instead of every step.
+* ``split`` (diagnostic, not in the default set): one engine bound with the stash that runs ``gated`` (the stash
+  holding nothing), ``stash`` and ``bare`` one after another on the same prompts in every pass, reported as those
+  three engines (each row's ``engine`` names it): a paired comparison, free of engine-to-engine spread, in one
+  engine start.
 At each concurrency c (c requests submitted together, prompts of ``--prompt-tokens`` random ids on their own
 token ranges, ``--max-tokens`` out, greedy, ``ignore_eos``) an engine runs one warm-up pass (the gate calibrates
 there), then ``--repeats`` measured passes; a cell is the median of its passes' output tokens / wall seconds,
@@ -43,12 +48,14 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
 
 from benchmarks.vllm_gpu_common import header
 
-MODES = ("none", "control", "fixed", "dynamic", "gated", "ungated", "bare", "stash")
-DEFAULT_MODES = MODES[:-2]
-STASH_TOKENS = 1024  # the ``stash`` mode's dflash.plain_context_stash
+MODES = ("none", "control", "fixed", "dynamic", "gated", "ungated", "bare", "stash", "split")
+DEFAULT_MODES = MODES[:-3]
+STASH_TOKENS = 1024  # the ``stash`` and ``split`` modes' dflash.plain_context_stash
+SPLIT = ("gated", "stash", "bare")  # a split engine's variants, reported as engines of those modes
 VLLM_ALONE = {"none", "control", "fixed", "dynamic"}
 # vLLM's dynamic speculation is a static table of K by batch size (inclusive ranges): the full block for small
 # batches, fewer drafts as the batch grows and verification competes with other requests, none beyond 64.
@@ -71,34 +78,37 @@ def measure(spec: dict) -> dict:
 
     register_scaled_models()
     llm = LLM(model=spec["target"], load_format="dummy", seed=0, disable_log_stats=False, **spec["llm"])
-    if spec["mode"] == "bare":
-        skip_speculator_on_plain_steps(llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker)
+    variants = SPLIT if spec["mode"] == "split" else (spec["mode"],)
+    switch = variant_switch(llm, spec["mode"])
     params = SamplingParams(max_tokens=spec["max_tokens"], temperature=0.0, ignore_eos=True, detokenize=False)
     vocab = llm.llm_engine.vllm_config.model_config.get_vocab_size()
     span = spec["prompt_tokens"] + spec["max_tokens"] + 32
     steps = timed_steps(llm.llm_engine)
-    cells = []
+    cells = {v: [] for v in variants}
     for c in spec["concurrency"]:
-        rates, before, step_s = [], counters(llm), []
+        rates, step_s, counts = ({v: [] for v in variants}, {v: [] for v in variants}, {v: {} for v in variants})
         for i in range(1 + spec["repeats"]):
-            steps.clear()
             texts = prompts(c, spec["prompt_tokens"], vocab, i, span)
-            batch = [{"prompt_token_ids": p} for p in texts]
-            start = time.perf_counter()
-            outs = llm.generate(batch, params, use_tqdm=False)
-            seconds = time.perf_counter() - start
-            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
-            if i == 0:
-                before = counters(llm)  # the warm-up pass's drafts are not this cell's
-                continue
-            rates.append(tokens / seconds)
-            step_s += steps
-            expected = [[(p[-1] + j) % vocab for j in range(1, spec["max_tokens"] + 1)] for p in texts]
-            if [list(o.outputs[0].token_ids) for o in outs] != expected:
-                raise AssertionError(f"{spec['name']}: concurrency {c} pass {i} changed the output")
-        spec_counts = {k: v - before.get(k, 0) for k, v in counters(llm).items()}
-        cells.append({"concurrency": c, "tokens_per_s": statistics.median(rates), "passes": rates,
-                      "median_step_ms": round(1e3 * statistics.median(step_s), 4) if step_s else None, **spec_counts})
+            for variant in variants:  # a split engine's variants run the same prompts one after another
+                switch(variant)
+                steps.clear()
+                before = counters(llm)
+                start = time.perf_counter()
+                outs = llm.generate([{"prompt_token_ids": p} for p in texts], params, use_tqdm=False)
+                seconds = time.perf_counter() - start
+                expected = [[(p[-1] + j) % vocab for j in range(1, spec["max_tokens"] + 1)] for p in texts]
+                if [list(o.outputs[0].token_ids) for o in outs] != expected:
+                    raise AssertionError(f"{spec['name']} ({variant}): concurrency {c} pass {i} changed the output")
+                if i == 0:
+                    continue  # the warm-up pass: the gate calibrates, its drafts are not this cell's
+                rates[variant].append(sum(len(o.outputs[0].token_ids) for o in outs) / seconds)
+                step_s[variant] += steps
+                for k, v in counters(llm).items():
+                    counts[variant][k] = counts[variant].get(k, 0) + v - before.get(k, 0)
+        for v in variants:
+            cells[v].append({"concurrency": c, "tokens_per_s": statistics.median(rates[v]), "passes": rates[v],
+                             "median_step_ms": round(1e3 * statistics.median(step_s[v]), 4) if step_s[v] else None,
+                             **counts[v]})
     gate = getattr(getattr(llm.llm_engine.engine_core, "engine_core", None), "scheduler", None)
     import torch
     import vllm
@@ -106,27 +116,50 @@ def measure(spec: dict) -> dict:
     from vllm_luce.spec_decode.gate_report import summary as gate_summary
 
     summary = gate_summary(gate.luce_gate) if hasattr(gate, "luce_gate") else None
-
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
-    return {"cells": cells, "gate": summary, "device": device, "vllm": vllm.__version__, "torch": torch.__version__}
+    found = {"gate": summary, "device": device, "vllm": vllm.__version__, "torch": torch.__version__}
+    if spec["mode"] != "split":
+        return {"cells": cells[spec["mode"]], **found}
+    return {"variants": {v: {"cells": cells[v]} for v in variants}, **found}
 
 
-def skip_speculator_on_plain_steps(worker) -> None:
-    """The ``bare`` mode: on the gate's plain steps Model Runner V2 skips its speculator's ``propose`` (the
-    drafter's context write included) and keeps the drafts it has, which no plain step verifies."""
+def variant_switch(llm, mode: str):
+    """A function that puts the engine in one of its variants: ``bare`` skips the speculator on plain steps; a
+    ``split`` engine (bound with the stash) runs ``gated`` with the stash holding nothing, ``stash``, and ``bare``."""
+    if mode not in ("bare", "split"):
+        return lambda variant: None
+    worker = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
+    bare = skip_speculator_on_plain_steps(worker)
+    stash = worker.model_runner.luce_plain_steps.stash
+    capacity = stash.capacity if stash is not None else 0
+
+    def switch(variant: str) -> None:
+        bare.on = variant == "bare"
+        if stash is not None:
+            stash.capacity = capacity if variant == "stash" else 0  # 0: every plain step writes its context
+
+    return switch
+
+
+def skip_speculator_on_plain_steps(worker):
+    """The ``bare`` variant: on the gate's plain steps Model Runner V2 skips its speculator's ``propose`` (the
+    drafter's context write included) and keeps the drafts it has, which no plain step verifies. Returns the
+    switch (``on``)."""
     runner = worker.model_runner
     step = getattr(runner, "luce_plain_steps", None)
     if step is None:
         raise SystemExit("bare: needs the DFlash gate on Model Runner V2 (a dense target on the GPU)")
     speculator = runner.speculator
     propose = speculator.propose
+    state = SimpleNamespace(on=True)
 
     def propose_unless_plain(input_batch, *args, **kwargs):
-        if step.plain and not kwargs.get("dummy_run"):
+        if state.on and step.plain and not kwargs.get("dummy_run"):
             return speculator.draft_tokens[:input_batch.num_reqs]
         return propose(input_batch, *args, **kwargs)
 
     speculator.propose = propose_unless_plain
+    return state
 
 
 def timed_steps(engine) -> list[float]:
@@ -187,7 +220,8 @@ def engine_specs(args, root: Path) -> list[dict]:
 
 def luce_config(mode: str) -> dict:
     """vllm-luce's ``--additional-config`` for a mode with the plugin."""
-    dflash = {"gate": mode != "ungated"} | ({"plain_context_stash": STASH_TOKENS} if mode == "stash" else {})
+    stash = {"plain_context_stash": STASH_TOKENS} if mode in ("stash", "split") else {}
+    dflash = {"gate": mode != "ungated"} | stash
     return {"luce": {"dflash": dflash}}
 
 
@@ -229,6 +263,21 @@ def run_all(specs: list[dict], workdir: Path, gpus: int, timeout: float) -> dict
 
     with ThreadPoolExecutor(max_workers=max(1, gpus)) as pool:
         return {r["name"]: r for r in pool.map(one, specs)}
+
+
+def expand_split(results: dict) -> dict:
+    """A split engine's variants as engines of their own modes (``split@0.0`` -> ``gated@0.0``, ``stash@0.0``,
+    ``bare@0.0``), each marked with the engine it ran in."""
+    out = {}
+    for name, r in results.items():
+        if "variants" not in r:
+            out[name] = r
+            continue
+        level = name.split("@", 1)[1]
+        shared = {k: v for k, v in r.items() if k not in ("variants", "name")}
+        for variant, found in r["variants"].items():
+            out[f"{variant}@{level}"] = {**found, **shared, "name": f"{variant}@{level}", "engine": name}
+    return out
 
 
 def table(results: dict, levels: list[float], concurrency: list[int]) -> tuple[list[dict], list[str]]:
@@ -304,6 +353,7 @@ def main(argv=None) -> int:
     out = {**header(["benchmarks.dflash_gpu", *argv]), "dynamic_table": args.dynamic_table, "args": {
         k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
     results = run_all(engine_specs(args, args.workdir / "models"), args.workdir, gpus, args.timeout)
+    results = expand_split(results)
     out["engines"] = results
     out["rows"], out["goals_missed"] = table(results, args.levels, args.concurrency)
     for row in out["rows"]:

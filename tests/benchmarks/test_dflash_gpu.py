@@ -1,7 +1,9 @@
 """benchmarks/dflash_gpu.py's table: each engine's ratio to no speculation and gated's to the better of none and fixed,
 with the goals it misses."""
 
-from benchmarks.dflash_gpu import STASH_TOKENS, luce_config, table
+from types import SimpleNamespace
+
+from benchmarks.dflash_gpu import STASH_TOKENS, expand_split, luce_config, table, variant_switch
 
 
 def engine(*rates):
@@ -38,13 +40,15 @@ def test_bare_skips_the_speculator_on_plain_steps_only():
     calls = []
     speculator = SimpleNamespace(draft_tokens=[[7], [8], [9]], propose=lambda batch, *a, **k: calls.append(k) or "new")
     step = SimpleNamespace(plain=True)
-    skip_speculator_on_plain_steps(SimpleNamespace(model_runner=SimpleNamespace(luce_plain_steps=step,
-                                                                                speculator=speculator)))
+    state = skip_speculator_on_plain_steps(SimpleNamespace(model_runner=SimpleNamespace(luce_plain_steps=step,
+                                                                                        speculator=speculator)))
     batch = SimpleNamespace(num_reqs=2)
     assert speculator.propose(batch) == [[7], [8]] and calls == []
     assert speculator.propose(batch, dummy_run=True) == "new"
     step.plain = False
     assert speculator.propose(batch) == "new" and len(calls) == 2
+    step.plain, state.on = True, False  # switched off: plain steps propose again
+    assert speculator.propose(batch) == "new" and len(calls) == 3
     with pytest.raises(SystemExit, match="Model Runner V2"):
         skip_speculator_on_plain_steps(SimpleNamespace(model_runner=SimpleNamespace(speculator=speculator)))
 
@@ -52,4 +56,33 @@ def test_bare_skips_the_speculator_on_plain_steps_only():
 def test_each_plugin_mode_sets_the_gate_and_only_stash_sets_the_stash():
     assert luce_config("gated") == luce_config("bare") == {"luce": {"dflash": {"gate": True}}}
     assert luce_config("ungated") == {"luce": {"dflash": {"gate": False}}}
-    assert luce_config("stash") == {"luce": {"dflash": {"gate": True, "plain_context_stash": STASH_TOKENS}}}
+    assert luce_config("stash") == luce_config("split") == \
+        {"luce": {"dflash": {"gate": True, "plain_context_stash": STASH_TOKENS}}}
+
+
+def test_a_split_engine_switches_its_variants_and_reports_each_as_an_engine():
+    from vllm_luce.spec_decode.context_stash import ContextStash
+    from vllm_luce.spec_decode.plain_steps import PlainStep
+
+    step = PlainStep(ContextStash(STASH_TOKENS))
+    step.plain = True
+    calls = []
+    speculator = SimpleNamespace(draft_tokens=[[7]], propose=lambda batch, *a, **k: calls.append(1) or "proposed")
+    worker = SimpleNamespace(model_runner=SimpleNamespace(luce_plain_steps=step, speculator=speculator))
+    executor = SimpleNamespace(driver_worker=SimpleNamespace(worker=worker))
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace(
+        engine_core=SimpleNamespace(model_executor=executor))))
+    switch = variant_switch(llm, "split")
+    batch = SimpleNamespace(num_reqs=1)
+    for variant, capacity, proposes in (("gated", 0, True), ("stash", STASH_TOKENS, True), ("bare", 0, False)):
+        switch(variant)
+        calls.clear()
+        assert step.stash.capacity == capacity, variant
+        assert (speculator.propose(batch) == "proposed") is proposes and bool(calls) is proposes, variant
+
+    cells = [{"concurrency": 1, "tokens_per_s": 1.0}]
+    results = expand_split({"none": {"name": "none", "cells": cells},
+                            "split@0.0": {"name": "split@0.0", "gate": "g", "variants": {
+                                v: {"cells": cells} for v in ("gated", "stash", "bare")}}})
+    assert sorted(results) == ["bare@0.0", "gated@0.0", "none", "stash@0.0"]
+    assert results["stash@0.0"] == {"cells": cells, "gate": "g", "name": "stash@0.0", "engine": "split@0.0"}

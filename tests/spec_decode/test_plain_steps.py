@@ -234,3 +234,21 @@ def test_the_stash_is_refused_at_startup_where_the_speculator_does_not_write_the
     where = "Model Runner V2 on CUDA" if not v2 else f"vLLM 0.26 \\(this is vLLM {series}\\)"
     with pytest.raises(LuceConfigError, match=f"dflash.plain_context_stash=64: applies to {where}"):
         install_gate(vllm_config(v2=v2), luce)
+
+
+def test_a_step_that_copies_cache_blocks_first_writes_what_the_stash_holds():
+    """A partial prefix hit copies a cached block into a new one before the step's forward: the block must
+    already hold its plain steps' context."""
+    model = ContextModel()
+    speculator = DFlashSpeculator_(model, per_layer=False)
+    seen = []
+    runner = SimpleNamespace(speculator=speculator, execute_model=lambda out, *a, **k: seen.append(model.cache.clone()))
+    plain_steps.bind_v2(runner, LuceConfig.from_sources({"luce": {"dflash": {"plain_context_stash": 64}}}, {}))
+    features, positions, slots = torch.ones(4, 6), torch.arange(4), torch.arange(4) * 100
+    runner.execute_model(scheduler_output(0))
+    speculator.propose(features, positions, slots)
+    assert model.passes == 0  # stashed
+    copies = scheduler_output(0, new=("n",))
+    copies.kv_cache_block_copies = [SimpleNamespace(src_block_id=0, dst_block_id=1)]
+    runner.execute_model(copies)
+    assert model.passes == 1 and seen[-1][0, slots].abs().sum() > 0  # written before the step ran

@@ -56,9 +56,11 @@ class PlainStep:
     ``stashable``: a plain step of one token per request in which no request started, finished or was preempted,
     so no cache block changed hands since the step before."""
 
-    def __init__(self):
+    def __init__(self, stash: ContextStash | None = None):
         self.plain = False
         self.stashable = False
+        self.stash = stash  # with dflash.plain_context_stash
+        self.write_stash = None  # writes what the stash holds into the drafter's cache (bind_context_stash)
         self.skipped = 0  # drafter forwards skipped, for tests and the log
 
     def note(self, scheduler_output) -> None:
@@ -66,6 +68,9 @@ class PlainStep:
         self.plain = getattr(out, "num_spec_tokens_to_schedule", None) == 0
         self.stashable = self.plain and not out.scheduled_new_reqs and not out.finished_req_ids \
             and not out.preempted_req_ids and out.total_num_scheduled_tokens == len(out.num_scheduled_tokens)
+
+    def attach_writer(self, write_stash) -> None:
+        self.write_stash = write_stash
 
     def skip(self) -> bool:
         if self.plain:
@@ -78,12 +83,15 @@ def bind_v2(runner, luce) -> PlainStep | None:
     speculator = getattr(runner, "speculator", None)
     if not luce.dflash.gate or type(speculator).__name__ != "DFlashSpeculator":
         return None
-    step = PlainStep()
+    stash = luce.dflash.plain_context_stash  # checked at startup (install.check_context_stash)
+    step = PlainStep(ContextStash(stash) if stash else None)
     execute_model, generate_draft = runner.execute_model, speculator._generate_draft
 
     def execute_model_noting_plain_steps(scheduler_output, *args, **kwargs):
         if not kwargs.get("dummy_run"):
             step.note(scheduler_output)
+            if step.write_stash is not None and getattr(scheduler_output, "kv_cache_block_copies", None):
+                step.write_stash()  # the step first copies cache blocks (a partial prefix hit): complete them
         return execute_model(scheduler_output, *args, **kwargs)
 
     def generate_draft_unless_plain(*args, **kwargs):
@@ -109,19 +117,19 @@ def bind_v2(runner, luce) -> PlainStep | None:
 
         hooks.bind("vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.run_fullgraph", manager,
                    run_fullgraph_unless_plain)
-    stash = luce.dflash.plain_context_stash
-    if stash:  # checked at startup (install.check_context_stash)
-        bind_context_stash(speculator, step, ContextStash(stash))
+    if step.stash is not None:
+        bind_context_stash(speculator, step)
     runner.luce_plain_steps = step
     logger.info("%s: DFlash (Model Runner V2): plain steps %s the drafter's context and skip its forward", tag(),
                 f"stash (up to {stash} tokens)" if stash else "write")
     return step
 
 
-def bind_context_stash(speculator, step: PlainStep, stash: ContextStash) -> None:
-    """A stashable step's context features, positions and slots go to ``stash`` instead of the drafter's cache;
-    any other context write first writes what the stash holds (``context_stash.py``)."""
-    model = speculator.model
+def bind_context_stash(speculator, step: PlainStep) -> None:
+    """A stashable step's context features, positions and slots go to ``step.stash`` instead of the drafter's
+    cache; any other context write first writes what the stash holds (``context_stash.py``), as does
+    ``step.write_stash``."""
+    stash, model = step.stash, speculator.model
     combine, precompute = model.combine_hidden_states, model.precompute_and_store_context_kv
     hidden_size = speculator.hidden_states.shape[-1]
 
@@ -138,13 +146,17 @@ def bind_context_stash(speculator, step: PlainStep, stash: ContextStash) -> None
             context_states = combine(stash.staged_features())[:context_states.shape[0]]
             stash.unstage()
         if slots is not None:  # a dummy run's pass writes nothing: what the stash holds stays
-            held = stash.drain()
-            if held is not None:
-                features, positions, held_slots = held
-                precompute(combine(features), positions, held_slots)
+            write_held()
         return precompute(context_states, context_positions, context_slot_mapping)
+
+    def write_held():
+        held = stash.drain()
+        if held is not None:
+            features, positions, slots = held
+            precompute(combine(features), positions, slots)
 
     hooks.bind("vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.combine_hidden_states", model,
                combine_or_stage)
     hooks.bind("vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.precompute_and_store_context_kv",
                model, precompute_or_commit)
+    step.attach_writer(write_held)
