@@ -16,6 +16,8 @@ two reasons this module removes:
   complete for when speculation resumes, and skips the drafter's forward (eager or graph replay) on such steps.
   From vLLM 0.32 the drafter's full graph writes a decode step's context itself (its ``_prepare_graph_forward``);
   a plain step then runs that part alone, eagerly.
+* **Opt-in, vLLM 0.26:** ``dflash.plain_context_stash`` holds plain steps' context inputs and writes them in one
+  pass later (``bind_context_stash``, ``context_stash.py``).
 
 V1 (hybrid targets) already skips the drafter (``patches/dflash_proposer.py``); its plain steps still run
 piecewise graphs (vLLM's V1 captures one decode length).
