@@ -89,14 +89,15 @@ def measure(spec: dict) -> dict:
         rates, step_s, counts = ({v: [] for v in variants}, {v: [] for v in variants}, {v: {} for v in variants})
         for i in range(1 + spec["repeats"]):
             texts = prompts(c, spec["prompt_tokens"], vocab, i, span)
+            batch = [{"prompt_token_ids": p} for p in texts]
+            expected = [[(p[-1] + j) % vocab for j in range(1, spec["max_tokens"] + 1)] for p in texts]
             for variant in variants:  # a split engine's variants run the same prompts one after another
                 switch(variant)
                 steps.clear()
                 before = counters(llm)
                 start = time.perf_counter()
-                outs = llm.generate([{"prompt_token_ids": p} for p in texts], params, use_tqdm=False)
+                outs = llm.generate(batch, params, use_tqdm=False)
                 seconds = time.perf_counter() - start
-                expected = [[(p[-1] + j) % vocab for j in range(1, spec["max_tokens"] + 1)] for p in texts]
                 if [list(o.outputs[0].token_ids) for o in outs] != expected:
                     raise AssertionError(f"{spec['name']} ({variant}): concurrency {c} pass {i} changed the output")
                 if i == 0:

@@ -67,10 +67,12 @@ class Realigner:
         index = torch.tensor(rows, dtype=torch.long)
         index = index.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else index.to(device)
         accepted = runner.num_accepted_tokens.gpu.index_select(0, index)
-        num_reqs = runner.input_batch.num_reqs
+        num_reqs, slots = runner.input_batch.num_reqs, {}  # the rows' block-table rows, once per KV cache group
         for conv, ssm, window, group_id in self.layers:
-            slots = runner.input_batch.block_table[group_id].get_device_tensor(num_reqs).index_select(0, index)
-            realign(conv, ssm, slots, accepted, window, self.conv_dim_first)
+            if group_id not in slots:
+                table = runner.input_batch.block_table[group_id].get_device_tensor(num_reqs)
+                slots[group_id] = table.index_select(0, index)
+            realign(conv, ssm, slots[group_id], accepted, window, self.conv_dim_first)
         self.rows_moved += len(rows)
 
 

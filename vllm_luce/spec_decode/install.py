@@ -62,8 +62,10 @@ def check_context_stash(tokens: int, v2_on_cuda: bool) -> None:
         return
     from vllm_luce.patches import installed_series
 
-    where = None if v2_on_cuda else "Model Runner V2 on CUDA"
-    if where is None and installed_series() != "0.26":
-        where = f"vLLM 0.26 (this is vLLM {installed_series()})"
-    if where:
-        raise LuceConfigError(f"dflash.plain_context_stash={tokens}: applies to {where}; set it to 0 or leave it out")
+    if not v2_on_cuda:
+        where = "Model Runner V2 on CUDA"
+    elif (series := installed_series()) != "0.26":
+        where = f"vLLM 0.26 (this is vLLM {series})"
+    else:
+        return
+    raise LuceConfigError(f"dflash.plain_context_stash={tokens}: applies to {where}; set it to 0 or leave it out")

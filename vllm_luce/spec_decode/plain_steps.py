@@ -62,7 +62,6 @@ class PlainStep:
         self.plain = False
         self.stashable = False
         self.stash = stash  # with dflash.plain_context_stash
-        self.write_stash = None  # writes what the stash holds into the drafter's cache (bind_context_stash)
         self.skipped = 0  # drafter forwards skipped, for tests and the log
 
     def note(self, scheduler_output) -> None:
@@ -70,9 +69,6 @@ class PlainStep:
         self.plain = getattr(out, "num_spec_tokens_to_schedule", None) == 0
         self.stashable = self.plain and not out.scheduled_new_reqs and not out.finished_req_ids \
             and not out.preempted_req_ids and out.total_num_scheduled_tokens == len(out.num_scheduled_tokens)
-
-    def attach_writer(self, write_stash) -> None:
-        self.write_stash = write_stash
 
     def skip(self) -> bool:
         if self.plain:
@@ -88,12 +84,13 @@ def bind_v2(runner, luce) -> PlainStep | None:
     stash = luce.dflash.plain_context_stash  # checked at startup (install.check_context_stash)
     step = PlainStep(ContextStash(stash) if stash else None)
     execute_model, generate_draft = runner.execute_model, speculator._generate_draft
+    write_stash = None  # with the stash: writes what it holds (bind_context_stash, below)
 
     def execute_model_noting_plain_steps(scheduler_output, *args, **kwargs):
         if not kwargs.get("dummy_run"):
             step.note(scheduler_output)
-            if step.write_stash is not None and getattr(scheduler_output, "kv_cache_block_copies", None):
-                step.write_stash()  # the step first copies cache blocks (a partial prefix hit): complete them
+            if write_stash is not None and getattr(scheduler_output, "kv_cache_block_copies", None):
+                write_stash()  # the step first copies cache blocks (a partial prefix hit): complete them
         return execute_model(scheduler_output, *args, **kwargs)
 
     def generate_draft_unless_plain(*args, **kwargs):
@@ -120,17 +117,17 @@ def bind_v2(runner, luce) -> PlainStep | None:
         hooks.bind("vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.run_fullgraph", manager,
                    run_fullgraph_unless_plain)
     if step.stash is not None:
-        bind_context_stash(speculator, step)
+        write_stash = bind_context_stash(speculator, step)
     runner.luce_plain_steps = step
     logger.info("%s: DFlash (Model Runner V2): plain steps %s the drafter's context and skip its forward", tag(),
                 f"stash (up to {stash} tokens)" if stash else "write")
     return step
 
 
-def bind_context_stash(speculator, step: PlainStep) -> None:
+def bind_context_stash(speculator, step: PlainStep):
     """A stashable step's context features, positions and slots go to ``step.stash`` instead of the drafter's
-    cache; any other context write first writes what the stash holds (``context_stash.py``), as does
-    ``step.write_stash``."""
+    cache; any other context write first writes what the stash holds (``context_stash.py``). Returns the function
+    that writes it."""
     stash, model = step.stash, speculator.model
     combine, precompute = model.combine_hidden_states, model.precompute_and_store_context_kv
     hidden_size = speculator.hidden_states.shape[-1]
@@ -161,4 +158,4 @@ def bind_context_stash(speculator, step: PlainStep) -> None:
                combine_or_stage)
     hooks.bind("vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.precompute_and_store_context_kv",
                model, precompute_or_commit)
-    step.attach_writer(write_held)
+    return write_held
