@@ -93,6 +93,8 @@ def measure(spec: dict) -> dict:
             expected = [[(p[-1] + j) % vocab for j in range(1, spec["max_tokens"] + 1)] for p in texts]
             for variant in variants:  # a split engine's variants run the same prompts one after another
                 switch(variant)
+                if not llm.reset_prefix_cache():  # a split engine's later variants would reuse the first's prompts
+                    raise RuntimeError(f"{spec['name']} ({variant}): the prefix cache did not reset")
                 steps.clear()
                 before = counters(llm)
                 start = time.perf_counter()
