@@ -21,12 +21,12 @@ process of its own (the test-only classes register in that process, so its engin
   plain steps (no drafter context write either), so that bare against gated is what the speculator costs a plain
   step and bare against none what the rest of a speculating engine costs one. Drafts after a plain run then lack
   their context: run it where acceptance does not matter (p = 0);
-* ``stash`` (not in the default set): gated with ``dflash.plain_context_stash`` (vLLM 0.26, Model Runner V2), the
-  plain steps' drafter context written in one pass when the drafter next runs instead of every step.
-* ``split`` (diagnostic, not in the default set): one engine bound with the stash that runs ``gated`` (the stash
-  holding nothing), ``stash`` and ``bare`` one after another on the same prompts in every pass, reported as those
-  three engines (each row's ``engine`` names it): a paired comparison, free of engine-to-engine spread, in one
-  engine start.
+* ``unstashed`` (diagnostic, not in the default set): gated with ``dflash.plain_context_stash`` 0, every plain
+  step writing the drafter's context (on vLLM 0.26 with Model Runner V2 the default holds it for one later pass);
+* ``split`` (diagnostic, not in the default set): one engine that runs ``gated``, ``unstashed`` and ``bare`` one
+  after another on the same prompts in every pass (the prefix cache reset before each), reported as those three
+  engines (each row's ``engine`` names it): a paired comparison, free of engine-to-engine spread, in one engine
+  start.
 At each concurrency c (c requests submitted together, prompts of ``--prompt-tokens`` random ids on their own
 token ranges, ``--max-tokens`` out, greedy, ``ignore_eos``) an engine runs one warm-up pass (the gate calibrates
 there), then ``--repeats`` measured passes; a cell is the median of its passes' output tokens / wall seconds,
@@ -52,10 +52,9 @@ from types import SimpleNamespace
 
 from benchmarks.vllm_gpu_common import header
 
-MODES = ("none", "control", "fixed", "dynamic", "gated", "ungated", "bare", "stash", "split")
+MODES = ("none", "control", "fixed", "dynamic", "gated", "ungated", "unstashed", "bare", "split")
 DEFAULT_MODES = MODES[:-3]
-STASH_TOKENS = 1024  # the ``stash`` and ``split`` modes' dflash.plain_context_stash
-SPLIT = ("gated", "stash", "bare")  # a split engine's variants, reported as engines of those modes
+SPLIT = ("gated", "unstashed", "bare")  # a split engine's variants, reported as engines of those modes
 VLLM_ALONE = {"none", "control", "fixed", "dynamic"}
 # vLLM's dynamic speculation is a static table of K by batch size (inclusive ranges): the full block for small
 # batches, fewer drafts as the batch grows and verification competes with other requests, none beyond 64.
@@ -128,7 +127,7 @@ def measure(spec: dict) -> dict:
 
 def variant_switch(llm, mode: str):
     """A function that puts the engine in one of its variants: ``bare`` skips the speculator on plain steps; a
-    ``split`` engine (bound with the stash) runs ``gated`` with the stash holding nothing, ``stash``, and ``bare``."""
+    ``split`` engine runs ``gated`` (the default stash), ``unstashed`` (the stash holding nothing) and ``bare``."""
     if mode not in ("bare", "split"):
         return lambda variant: None
     worker = llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker
@@ -139,7 +138,7 @@ def variant_switch(llm, mode: str):
     def switch(variant: str) -> None:
         bare.on = variant == "bare"
         if stash is not None:
-            stash.capacity = capacity if variant == "stash" else 0  # 0: every plain step writes its context
+            stash.capacity = capacity if variant == "gated" else 0  # 0: every plain step writes its context
 
     return switch
 
@@ -223,7 +222,7 @@ def engine_specs(args, root: Path) -> list[dict]:
 
 def luce_config(mode: str) -> dict:
     """vllm-luce's ``--additional-config`` for a mode with the plugin."""
-    stash = {"plain_context_stash": STASH_TOKENS} if mode in ("stash", "split") else {}
+    stash = {"plain_context_stash": 0} if mode == "unstashed" else {}
     dflash = {"gate": mode != "ungated"} | stash
     return {"luce": {"dflash": dflash}}
 

@@ -72,12 +72,13 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                       "product of top-1 drafter probabilities stays at or above it (V1 runner only)"),
         "min_verify_tokens": Key(1, int, "an integer >= 1", lambda v: v >= 1,
                                  help="the fewest drafts adaptive verify width verifies"),
-        "plain_context_stash": Key(0, int, "an integer >= 0 (tokens; 0 writes every step)", lambda v: v >= 0,
-                                   help="the gate's plain steps hold up to this many tokens of "
-                                        "the drafter's context inputs on the GPU (40 KB a token at "
-                                        "Qwen3-8B-DFlash's shape) and write them in one pass when the drafter "
-                                        "next runs, a request starts, ends or is preempted, or the stash is "
-                                        "full (vLLM 0.26, Model Runner V2 on CUDA; not yet measured on the GPU)"),
+        "plain_context_stash": Key("auto", (int, str), "an integer >= 0 (tokens; 0 writes every step) or 'auto'",
+                                   lambda v: v == "auto" or (isinstance(v, int) and v >= 0),
+                                   help="the gate's plain steps hold up to this many tokens of the drafter's context "
+                                        "inputs on the GPU (40 KB a token at Qwen3-8B-DFlash's shape) and write them "
+                                        "in one pass when the drafter next runs, a request starts, ends or is "
+                                        "preempted, or the stash is full. Applies to vLLM 0.26 with Model Runner V2 "
+                                        "on CUDA; auto is 1024 there and 0 elsewhere"),
     },
     "kvflash": {
         "pool_tokens": Key("auto", (int, str), "a positive integer or 'auto'", _positive_int_or_auto,

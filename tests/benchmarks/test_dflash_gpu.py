@@ -3,7 +3,7 @@ with the goals it misses."""
 
 from types import SimpleNamespace
 
-from benchmarks.dflash_gpu import STASH_TOKENS, expand_split, luce_config, table, variant_switch
+from benchmarks.dflash_gpu import expand_split, luce_config, table, variant_switch
 
 
 def engine(*rates):
@@ -53,18 +53,17 @@ def test_bare_skips_the_speculator_on_plain_steps_only():
         skip_speculator_on_plain_steps(SimpleNamespace(model_runner=SimpleNamespace(speculator=speculator)))
 
 
-def test_each_plugin_mode_sets_the_gate_and_only_stash_sets_the_stash():
-    assert luce_config("gated") == luce_config("bare") == {"luce": {"dflash": {"gate": True}}}
+def test_each_plugin_mode_sets_the_gate_and_only_unstashed_sets_the_stash():
+    assert luce_config("gated") == luce_config("bare") == luce_config("split") == {"luce": {"dflash": {"gate": True}}}
     assert luce_config("ungated") == {"luce": {"dflash": {"gate": False}}}
-    assert luce_config("stash") == luce_config("split") == \
-        {"luce": {"dflash": {"gate": True, "plain_context_stash": STASH_TOKENS}}}
+    assert luce_config("unstashed") == {"luce": {"dflash": {"gate": True, "plain_context_stash": 0}}}
 
 
 def test_a_split_engine_switches_its_variants_and_reports_each_as_an_engine():
     from vllm_luce.spec_decode.context_stash import ContextStash
     from vllm_luce.spec_decode.plain_steps import PlainStep
 
-    step = PlainStep(ContextStash(STASH_TOKENS))
+    step = PlainStep(ContextStash(1024))
     step.plain = True
     calls = []
     speculator = SimpleNamespace(draft_tokens=[[7]], propose=lambda batch, *a, **k: calls.append(1) or "proposed")
@@ -74,7 +73,7 @@ def test_a_split_engine_switches_its_variants_and_reports_each_as_an_engine():
         engine_core=SimpleNamespace(model_executor=executor))))
     switch = variant_switch(llm, "split")
     batch = SimpleNamespace(num_reqs=1)
-    for variant, capacity, proposes in (("gated", 0, True), ("stash", STASH_TOKENS, True), ("bare", 0, False)):
+    for variant, capacity, proposes in (("gated", 1024, True), ("unstashed", 0, True), ("bare", 0, False)):
         switch(variant)
         calls.clear()
         assert step.stash.capacity == capacity, variant
@@ -83,6 +82,7 @@ def test_a_split_engine_switches_its_variants_and_reports_each_as_an_engine():
     cells = [{"concurrency": 1, "tokens_per_s": 1.0}]
     results = expand_split({"none": {"name": "none", "cells": cells},
                             "split@0.0": {"name": "split@0.0", "gate": "g", "variants": {
-                                v: {"cells": cells} for v in ("gated", "stash", "bare")}}})
-    assert sorted(results) == ["bare@0.0", "gated@0.0", "none", "stash@0.0"]
-    assert results["stash@0.0"] == {"cells": cells, "gate": "g", "name": "stash@0.0", "engine": "split@0.0"}
+                                v: {"cells": cells} for v in ("gated", "unstashed", "bare")}}})
+    assert sorted(results) == ["bare@0.0", "gated@0.0", "none", "unstashed@0.0"]
+    assert results["unstashed@0.0"] == {"cells": cells, "gate": "g", "name": "unstashed@0.0",
+                                        "engine": "split@0.0"}

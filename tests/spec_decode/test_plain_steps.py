@@ -77,7 +77,8 @@ class DFlashSpeculator:
 @pytest.mark.parametrize("graphs", [True, False])
 def test_a_plain_step_writes_the_drafters_context_and_runs_no_drafter(graphs):
     speculator = DFlashSpeculator(graphs)
-    runner = SimpleNamespace(speculator=speculator, execute_model=lambda out, *a, **k: "executed")
+    runner = SimpleNamespace(speculator=speculator, execute_model=lambda out, *a, **k: "executed",
+                             vllm_config=vllm_config())
     step = plain_steps.bind_v2(runner, LuceConfig.from_sources({}, {}))
     drafter = "graph" if graphs else "eager"
     for k, expected in ((15, ["context", drafter]), (0, ["context"]), (15, ["context", drafter])):
@@ -98,7 +99,7 @@ def test_from_vllm_032_a_plain_step_runs_the_graphs_context_write_without_the_dr
 
     Speculator032.__name__ = "DFlashSpeculator"  # vLLM's class name, which bind_v2 looks for
     speculator = Speculator032(graphs=True)
-    runner = SimpleNamespace(speculator=speculator, execute_model=lambda out, *a, **k: None)
+    runner = SimpleNamespace(speculator=speculator, execute_model=lambda out, *a, **k: None, vllm_config=vllm_config())
     plain_steps.bind_v2(runner, LuceConfig.from_sources({}, {}))
     for k, expected in ((15, ["graph"]), (0, [("context step", 4, None)])):
         speculator.calls.clear()
@@ -234,6 +235,21 @@ def test_the_stash_is_refused_at_startup_where_the_speculator_does_not_write_the
     where = "Model Runner V2 on CUDA" if not v2 else f"vLLM 0.26 \\(this is vLLM {series}\\)"
     with pytest.raises(LuceConfigError, match=f"dflash.plain_context_stash=64: applies to {where}"):
         install_gate(vllm_config(v2=v2), luce)
+
+
+@pytest.mark.parametrize("series", ["0.26", "0.32"])
+@pytest.mark.parametrize("v2", [True, False])
+def test_the_default_stash_is_1024_tokens_where_it_applies_and_off_elsewhere(cuda, monkeypatch, series, v2):
+    import vllm_luce.patches
+
+    monkeypatch.setattr(vllm_luce.patches, "installed_series", lambda: series)
+    luce = LuceConfig.from_sources({}, {})
+    assert luce.dflash.plain_context_stash == "auto"
+    assert install_gate(vllm_config(v2=v2), luce)  # never refused
+    runner = SimpleNamespace(speculator=DFlashSpeculator_(ContextModel(), per_layer=False),
+                             execute_model=lambda out, *a, **k: None, vllm_config=vllm_config(v2=v2))
+    stash = plain_steps.bind_v2(runner, luce).stash
+    assert (stash.capacity if stash else 0) == (1024 if v2 and series == "0.26" else 0)
 
 
 def test_a_step_that_copies_cache_blocks_first_writes_what_the_stash_holds():

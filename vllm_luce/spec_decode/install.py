@@ -50,22 +50,30 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
     from vllm_luce import hooks
 
     hooks.bind(SCHEDULER_CLS, sched, GATED_SCHEDULERS[bool(getattr(sched, "async_scheduling", False))])
-    v2_on_cuda = set_graph_table(vllm_config)  # Model Runner V2 on CUDA: one-token decode graphs for plain steps
-    check_context_stash(dflash.plain_context_stash, v2_on_cuda)
+    set_graph_table(vllm_config)  # Model Runner V2 on CUDA: one-token decode graphs for plain steps
+    context_stash_tokens(dflash.plain_context_stash, vllm_config)  # refuses a number where the stash cannot apply
     return sched.scheduler_cls
 
 
-def check_context_stash(tokens: int, v2_on_cuda: bool) -> None:
-    """``dflash.plain_context_stash`` needs Model Runner V2 on CUDA and vLLM 0.26, whose DFlash speculator writes
-    the drafter's context eagerly (from 0.32 the drafter's CUDA graph writes a decode step's context)."""
-    if not tokens:
-        return
-    from vllm_luce.patches import installed_series
+AUTO_CONTEXT_STASH = 1024  # tokens (40 MB at Qwen3-8B-DFlash's shape); docs/benchmarks.md, "DFlash plain step"
 
-    if not v2_on_cuda:
+
+def context_stash_tokens(setting: int | str, vllm_config: Any) -> int:
+    """``dflash.plain_context_stash`` resolved: ``auto`` is ``AUTO_CONTEXT_STASH`` where the stash applies and 0
+    elsewhere; a number where it does not apply is refused. It applies to Model Runner V2 on CUDA with vLLM 0.26,
+    whose DFlash speculator writes the drafter's context eagerly (from 0.32 the drafter's CUDA graph writes a
+    decode step's context)."""
+    if not setting:
+        return 0
+    from vllm_luce.patches import installed_series
+    from vllm_luce.spec_decode.plain_steps import v2_on_cuda
+
+    if not v2_on_cuda(vllm_config):
         where = "Model Runner V2 on CUDA"
     elif (series := installed_series()) != "0.26":
         where = f"vLLM 0.26 (this is vLLM {series})"
     else:
-        return
-    raise LuceConfigError(f"dflash.plain_context_stash={tokens}: applies to {where}; set it to 0 or leave it out")
+        return AUTO_CONTEXT_STASH if setting == "auto" else setting
+    if setting == "auto":
+        return 0
+    raise LuceConfigError(f"dflash.plain_context_stash={setting}: applies to {where}; set it to 0 or leave it out")

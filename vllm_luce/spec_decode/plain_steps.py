@@ -16,8 +16,9 @@ two reasons this module removes:
   complete for when speculation resumes, and skips the drafter's forward (eager or graph replay) on such steps.
   From vLLM 0.32 the drafter's full graph writes a decode step's context itself (its ``_prepare_graph_forward``);
   a plain step then runs that part alone, eagerly.
-* **Opt-in, vLLM 0.26:** ``dflash.plain_context_stash`` holds plain steps' context inputs and writes them in one
-  pass later (``bind_context_stash``, ``context_stash.py``).
+* **The context write, vLLM 0.26:** ``dflash.plain_context_stash`` (on by default there) holds plain steps'
+  context inputs and writes them in one pass later (``bind_context_stash``, ``context_stash.py``): it recovers
+  about two thirds of what a plain step costs beyond vLLM alone (docs/benchmarks.md).
 
 V1 (hybrid targets) already skips the drafter (``patches/dflash_proposer.py``); its plain steps still run
 piecewise graphs (vLLM's V1 captures one decode length).
@@ -28,6 +29,7 @@ from __future__ import annotations
 from vllm_luce import hooks
 from vllm_luce.log import logger, tag
 from vllm_luce.spec_decode.context_stash import ContextStash
+from vllm_luce.spec_decode.install import context_stash_tokens
 
 TABLE_SETTING = "vllm.config.speculative:SpeculativeConfig.num_speculative_tokens_per_batch_size"
 
@@ -37,15 +39,20 @@ def graph_table(num_spec_tokens: int, max_num_seqs: int) -> list[tuple[int, int,
     return [(1, max_num_seqs, num_spec_tokens), (max_num_seqs + 1, max_num_seqs + 1, 0)]
 
 
+def v2_on_cuda(vllm_config) -> bool:
+    """Model Runner V2 on CUDA without data parallelism (under which vLLM drops a draft-length table)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cuda() and bool(vllm_config.use_v2_model_runner) \
+        and vllm_config.parallel_config.data_parallel_size == 1
+
+
 def set_graph_table(vllm_config) -> bool:
     """On a CUDA engine whose runner is V2: the table above, so that V2 captures one-token decode graphs. The table
     a user set is refused earlier (``install.py``); one set here before (a copied config) is left as it is."""
-    from vllm.platforms import current_platform
-
-    spec = vllm_config.speculative_config
-    if not current_platform.is_cuda() or not vllm_config.use_v2_model_runner \
-            or vllm_config.parallel_config.data_parallel_size > 1:  # vLLM drops such a table under data parallelism
+    if not v2_on_cuda(vllm_config):
         return False
+    spec = vllm_config.speculative_config
     table = graph_table(spec.num_speculative_tokens, vllm_config.scheduler_config.max_num_seqs)
     if spec.num_speculative_tokens_per_batch_size != table:
         hooks.bind(TABLE_SETTING, spec, table)
@@ -81,7 +88,8 @@ def bind_v2(runner, luce) -> PlainStep | None:
     speculator = getattr(runner, "speculator", None)
     if not luce.dflash.gate or type(speculator).__name__ != "DFlashSpeculator":
         return None
-    stash = luce.dflash.plain_context_stash  # checked at startup (install.check_context_stash)
+    setting = luce.dflash.plain_context_stash  # a number was checked at startup; auto resolves the same way here
+    stash = setting if isinstance(setting, int) else context_stash_tokens(setting, runner.vllm_config)
     step = PlainStep(ContextStash(stash) if stash else None)
     execute_model, generate_draft = runner.execute_model, speculator._generate_draft
     write_stash = None  # with the stash: writes what it holds (bind_context_stash, below)
