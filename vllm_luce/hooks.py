@@ -217,10 +217,11 @@ HOOKS: tuple[Hook, ...] = (
          "from vLLM 0.32 the speculator's _prepare_graph_forward (the graph's context write) runs eagerly instead"),
     _row(REBINDING, "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.combine_hidden_states",
          f"{SD}.plain_steps:bind_context_stash", "DFlash",
-         "V2 with plain_context_stash: a stashable plain step's features held instead of projected"),
+         "V2 on vLLM 0.26 (plain_context_stash, on by default there): a stashable plain step's features held "
+         "instead of projected"),
     _row(REBINDING, "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.precompute_and_store_context_kv",
          f"{SD}.plain_steps:bind_context_stash", "DFlash",
-         "V2 with plain_context_stash: held context written in one pass before any other context write"),
+         "V2 on vLLM 0.26 (plain_context_stash): held context written in one pass before any other context write"),
     _row(REBINDING, "argparse:Action.type (vLLM's --additional-config)", f"{P}.engine_args:_make_add_cli_args",
          "config", "--additional-config parsed strictly as a JSON object"),
     # patches: one row per ledger entry, in the ledger's order (PATCHES below)
