@@ -6,6 +6,7 @@ DFlash, with drafters right with probability 0, 0.5 and 0.9 per position, and an
     python -m benchmarks.dflash_gpu --gpus 4 --levels 0.9 --json a.json        # engines side by side, one per GPU
     python -m benchmarks.dflash_gpu --tiny --concurrency 1 4 --json t.json     # CPU smoke run (tiny shapes)
     python -m benchmarks.dflash_gpu --gpus 1 --levels 0.0 --modes none split --json p0.json   # the plain step's cost
+    python -m benchmarks.dflash_gpu --gpus 4 --card-per-level --resume --json t.json   # the table, a card per level
 
 Models (``fixtures/scaled.py``): a Qwen3-8B-shaped target whose greedy next token is token + 1, and a drafter
 of z-lab's Qwen3-8B-DFlash shape whose slot k is right with probability p (so position k is accepted with p^k);
@@ -33,7 +34,9 @@ there), then ``--repeats`` measured passes; a cell is the median of its passes' 
 prefill included (1K-token prompts: a small share of 256 decode steps), with the median engine step's wall time
 (``median_step_ms``: where the gate runs nearly every step plain, what a plain step costs it). Engines on
 different GPUs of one host are compared through the A/A control, which runs on its own GPU; ``--gpus 1`` runs
-them one after another on one card, which compares them best. Goals (issue 40): gated >= 0.97x the better of none
+them one after another on one card, which compares them best; ``--card-per-level`` gives each level a card that
+measures its own baseline first, so every ratio is within one card, and ``--resume`` lets back-to-back device calls
+finish a table longer than one call. Goals (issue 40): gated >= 0.97x the better of none
 and fixed in every cell; gated >= 3x none at concurrency 1 with p = 0.9.
 """
 
@@ -217,6 +220,11 @@ def engine_specs(args, root: Path) -> list[dict]:
             specs.append({"name": name, "mode": mode, "level": level, "target": str(target), "llm": llm,
                           "plugins": mode not in VLLM_ALONE, "concurrency": args.concurrency,
                           "prompt_tokens": args.prompt_tokens, "max_tokens": args.max_tokens, "repeats": args.repeats})
+    if args.card_per_level:  # each level's card measures its own baseline first
+        none = next((s for s in specs if s["name"] == "none"), None)
+        if none is None:
+            raise SystemExit("--card-per-level: needs the none mode (each level's baseline)")
+        specs = [*({**none, "name": f"none@{level}", "level": level} for level in args.levels), *specs]
     return specs
 
 
@@ -227,8 +235,12 @@ def luce_config(mode: str) -> dict:
     return {"luce": {"dflash": dflash}}
 
 
-def run_child(spec: dict, workdir: Path, gpu: int | None, timeout: float) -> dict:
+def run_child(spec: dict, workdir: Path, gpu: int | None, timeout: float, resume: bool = False) -> dict:
     path = workdir / f"{spec['name']}.json"
+    result_path = path.with_suffix(".out.json")
+    if resume and result_path.is_file() and path.is_file() and json.loads(path.read_text()) == spec:
+        return {**json.loads(result_path.read_text()), "name": spec["name"]}  # measured by an earlier call
+    result_path.unlink(missing_ok=True)
     path.write_text(json.dumps(spec))
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONUNBUFFERED="1")
     if not spec["plugins"]:
@@ -244,27 +256,35 @@ def run_child(spec: dict, workdir: Path, gpu: int | None, timeout: float) -> dic
             status = proc.returncode
         except subprocess.TimeoutExpired:
             status = "timeout"
-    result_path = path.with_suffix(".out.json")
     if status == 0 and result_path.is_file():
         return {**json.loads(result_path.read_text()), "name": spec["name"]}
     tail = log.read_text(errors="replace")[-2000:]
     return {"name": spec["name"], "error": f"exit {status}", "log_tail": tail}
 
 
-def run_all(specs: list[dict], workdir: Path, gpus: int, timeout: float) -> dict:
-    """Up to ``gpus`` engines at once, each on its own GPU (one after another on one GPU or the CPU)."""
+def run_all(specs: list[dict], workdir: Path, gpus: int, timeout: float, card_per_level: bool = False,
+            resume: bool = False) -> dict:
+    """Up to ``gpus`` engines at once, each on its own GPU (one after another on one GPU or the CPU). With
+    ``card_per_level`` a card runs one level's engines one after another (its baseline first), and another card
+    the level-free ones (none and the A/A control)."""
     free = list(range(gpus)) if gpus > 0 else [None]
+    groups: dict = {}
+    for spec in specs:
+        groups.setdefault(spec["level"] if card_per_level else spec["name"], []).append(spec)
 
-    def one(spec):
+    def one_card(group):
         gpu = free.pop()
         try:
-            print(f"[{time.strftime('%H:%M:%S')}] {spec['name']} on GPU {gpu}", flush=True)
-            return run_child(spec, workdir, gpu, timeout)
+            found = []
+            for spec in group:
+                print(f"[{time.strftime('%H:%M:%S')}] {spec['name']} on GPU {gpu}", flush=True)
+                found.append(run_child(spec, workdir, gpu, timeout, resume))
+            return found
         finally:
             free.append(gpu)
 
     with ThreadPoolExecutor(max_workers=max(1, gpus)) as pool:
-        return {r["name"]: r for r in pool.map(one, specs)}
+        return {r["name"]: r for found in pool.map(one_card, groups.values()) for r in found}
 
 
 def expand_split(results: dict) -> dict:
@@ -300,14 +320,14 @@ def table(results: dict, levels: list[float], concurrency: list[int]) -> tuple[l
 
     for level in levels:
         for c in concurrency:
-            none = rate("none", c)
+            none = rate(f"none@{level}", c) or rate("none", c)  # the level's own card's baseline, if it ran one
             row = {"level": level, "concurrency": c, "none_tok_s": none and round(none, 1)}
             def engine(mode):
                 return mode if mode in ("none", "control") else f"{mode}@{level}"
 
             for mode in MODES[1:]:
-                r = rate(engine(mode), c)
-                row[f"{mode}/none"] = round(r / none, 3) if r and none else None
+                r, base = rate(engine(mode), c), rate("none", c) if mode == "control" else none  # A/A: one card
+                row[f"{mode}/none"] = round(r / base, 3) if r and base else None
             steps = {mode: step_ms(engine(mode), c) for mode in MODES}
             row["median_step_ms"] = {mode: ms for mode, ms in steps.items() if ms is not None}
             row["accepted_per_draft(fixed)"] = accepted(f"fixed@{level}", c)
@@ -342,6 +362,13 @@ def main(argv=None) -> int:
     ap.add_argument("--gpus", type=int, default=None, help="engines side by side, one per GPU (default: all GPUs)")
     ap.add_argument("--gpu-share", type=float, default=0.85)
     ap.add_argument("--timeout", type=float, default=540.0, help="seconds per engine")
+    ap.add_argument("--card-per-level", action="store_true",
+                    help="each level's engines one after another on a card of their own, after that card's own "
+                         "no-speculation baseline (none@LEVEL, the level's ratios' denominator); none and the A/A "
+                         "control on another card")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the results of engines an earlier run in the same --workdir finished with the same "
+                         "spec (a table longer than one device call, over back-to-back calls)")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes on whatever device (CPU smoke run)")
     ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("LUCE_BENCH_DIR", "/tmp/luce-dflash-gpu")))
     ap.add_argument("--json", type=Path)
@@ -354,7 +381,8 @@ def main(argv=None) -> int:
     args.workdir.mkdir(parents=True, exist_ok=True)
     out = {**header(["benchmarks.dflash_gpu", *argv]), "dynamic_table": args.dynamic_table, "args": {
         k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}}
-    results = run_all(engine_specs(args, args.workdir / "models"), args.workdir, gpus, args.timeout)
+    results = run_all(engine_specs(args, args.workdir / "models"), args.workdir, gpus, args.timeout,
+                      args.card_per_level, args.resume)
     results = expand_split(results)
     out["engines"] = results
     out["rows"], out["goals_missed"] = table(results, args.levels, args.concurrency)

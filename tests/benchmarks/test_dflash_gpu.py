@@ -1,8 +1,10 @@
 """benchmarks/dflash_gpu.py's table: each engine's ratio to no speculation and gated's to the better of none and fixed,
 with the goals it misses."""
 
+import json
 from types import SimpleNamespace
 
+import benchmarks.dflash_gpu as bench
 from benchmarks.dflash_gpu import expand_split, luce_config, table, variant_switch
 
 
@@ -86,3 +88,38 @@ def test_a_split_engine_switches_its_variants_and_reports_each_as_an_engine():
     assert sorted(results) == ["bare@0.0", "gated@0.0", "none", "unstashed@0.0"]
     assert results["unstashed@0.0"] == {"cells": cells, "gate": "g", "name": "unstashed@0.0",
                                         "engine": "split@0.0"}
+
+
+def test_a_card_per_level_runs_its_baseline_first_and_its_ratios_are_to_it(monkeypatch, tmp_path):
+    specs = [{"name": n, "level": level} for n, level in
+             (("none@0.0", 0.0), ("none@0.9", 0.9), ("none", None), ("control", None), ("fixed@0.0", 0.0),
+              ("fixed@0.9", 0.9), ("gated@0.0", 0.0), ("gated@0.9", 0.9))]
+    ran = {}  # level -> (gpu, name) in the order run
+
+    def run_child(spec, workdir, gpu, timeout, resume):
+        ran.setdefault(spec["level"], []).append((gpu, spec["name"]))
+        return {"name": spec["name"]}
+
+    monkeypatch.setattr(bench, "run_child", run_child)
+    assert sorted(bench.run_all(specs, tmp_path, 4, 1.0, card_per_level=True)) == sorted(s["name"] for s in specs)
+    assert [name for _, name in ran[0.0]] == ["none@0.0", "fixed@0.0", "gated@0.0"]
+    assert [name for _, name in ran[None]] == ["none", "control"]
+    assert all(len({gpu for gpu, _ in card}) == 1 for card in ran.values())  # a level's engines share a card
+    results = {"none": engine(100, 400), "control": engine(101, 400), "none@0.0": engine(90, 360),
+               "gated@0.0": engine(88.2, 360), "fixed@0.0": engine(60, 200)}
+    rows, _ = table(results, [0.0], [1, 4])
+    assert rows[0]["none_tok_s"] == 90 and rows[0]["gated/none"] == 0.98 and rows[0]["control/none"] == 1.01
+
+
+def test_resume_keeps_what_an_earlier_call_measured_for_the_same_spec_only(monkeypatch, tmp_path):
+    spec = {"name": "gated@0.9", "plugins": True, "mode": "gated"}
+    (tmp_path / "gated@0.9.json").write_text(json.dumps(spec))
+    (tmp_path / "gated@0.9.out.json").write_text(json.dumps({"cells": [1]}))
+    runs = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: runs.append(a) or SimpleNamespace(returncode=1))
+    assert bench.run_child(spec, tmp_path, None, 1.0, resume=True) == {"cells": [1], "name": "gated@0.9"}
+    assert runs == []
+    changed = bench.run_child({**spec, "mode": "ungated"}, tmp_path, None, 1.0, resume=True)
+    assert len(runs) == 1 and changed["error"] == "exit 1" and not (tmp_path / "gated@0.9.out.json").exists()
+    bench.run_child(spec, tmp_path, None, 1.0)  # without resume: measured again
+    assert len(runs) == 2

@@ -18,12 +18,15 @@ def test_tiny_run_reports_every_engine_and_ratio(tmp_path):
     out = tmp_path / "dflash_gpu.json"
     command = [sys.executable, "-m", "benchmarks.dflash_gpu", "--tiny", "--concurrency", "2", "--levels", "0.9",
                "--modes", "none", "fixed", "gated", "--repeats", "1", "--workdir", str(tmp_path / "work"),
-               "--json", str(out)]
+               "--card-per-level", "--resume", "--json", str(out)]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert out.is_file(), proc.stdout[-3000:] + proc.stderr[-6000:]
     result = json.loads(out.read_text())
     assert proc.returncode == 0, {k: v.get("log_tail") for k, v in result["engines"].items()}
-    assert set(result["engines"]) == {"none", "fixed@0.9", "gated@0.9"}
+    assert set(result["engines"]) == {"none", "none@0.9", "fixed@0.9", "gated@0.9"}
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)  # a second device call
+    assert again.returncode == 0, again.stdout[-3000:]
+    assert json.loads(out.read_text())["engines"] == result["engines"]  # kept, not measured again
     assert result["git_commit"] and result["command"].startswith("python")
     (row,) = result["rows"]
     assert row["none_tok_s"] > 0 and row["fixed/none"] > 0 and row["gated/none"] > 0 and row["gated/best"] > 0
