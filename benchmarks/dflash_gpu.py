@@ -236,7 +236,7 @@ def luce_config(mode: str) -> dict:
 
 
 def run_child(spec: dict, workdir: Path, gpu: int | None, timeout: float, resume: bool = False) -> dict:
-    path = workdir / f"{spec['name']}.json"
+    path = workdir / f"{spec['name'].replace('@', '-')}.json"  # the device's $OUT returns no name with an @
     result_path = path.with_suffix(".out.json")
     if resume and result_path.is_file() and path.is_file() and json.loads(path.read_text()) == spec:
         return {**json.loads(result_path.read_text()), "name": spec["name"]}  # measured by an earlier call
@@ -248,7 +248,7 @@ def run_child(spec: dict, workdir: Path, gpu: int | None, timeout: float, resume
     if gpu is not None:  # the gpu-th of the devices this process may use
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)
-    log = workdir / f"{spec['name']}.log"
+    log = path.with_suffix(".log")
     with open(log, "w") as out:
         try:
             proc = subprocess.run([sys.executable, "-m", "benchmarks.dflash_gpu", "--child", str(path)], env=env,

@@ -113,13 +113,13 @@ def test_a_card_per_level_runs_its_baseline_first_and_its_ratios_are_to_it(monke
 
 def test_resume_keeps_what_an_earlier_call_measured_for_the_same_spec_only(monkeypatch, tmp_path):
     spec = {"name": "gated@0.9", "plugins": True, "mode": "gated"}
-    (tmp_path / "gated@0.9.json").write_text(json.dumps(spec))
-    (tmp_path / "gated@0.9.out.json").write_text(json.dumps({"cells": [1]}))
+    (tmp_path / "gated-0.9.json").write_text(json.dumps(spec))
+    (tmp_path / "gated-0.9.out.json").write_text(json.dumps({"cells": [1]}))
     runs = []
     monkeypatch.setattr(bench.subprocess, "run", lambda *a, **k: runs.append(a) or SimpleNamespace(returncode=1))
     assert bench.run_child(spec, tmp_path, None, 1.0, resume=True) == {"cells": [1], "name": "gated@0.9"}
     assert runs == []
     changed = bench.run_child({**spec, "mode": "ungated"}, tmp_path, None, 1.0, resume=True)
-    assert len(runs) == 1 and changed["error"] == "exit 1" and not (tmp_path / "gated@0.9.out.json").exists()
+    assert len(runs) == 1 and changed["error"] == "exit 1" and not (tmp_path / "gated-0.9.out.json").exists()
     bench.run_child(spec, tmp_path, None, 1.0)  # without resume: measured again
     assert len(runs) == 2
