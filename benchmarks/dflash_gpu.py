@@ -288,8 +288,8 @@ def run_all(specs: list[dict], workdir: Path, gpus: int, timeout: float, card_pe
 
 
 def expand_split(results: dict) -> dict:
-    """A split engine's variants as engines of their own modes (``split@0.0`` -> ``gated@0.0``, ``stash@0.0``,
-    ``bare@0.0``), each marked with the engine it ran in."""
+    """A split engine's variants as engines of their own modes (``split@0.0`` -> ``gated@0.0``,
+    ``unstashed@0.0``, ``bare@0.0``), each marked with the engine it ran in."""
     out = {}
     for name, r in results.items():
         if "variants" not in r:
@@ -306,31 +306,27 @@ def table(results: dict, levels: list[float], concurrency: list[int]) -> tuple[l
     """One row per (level, concurrency): tokens/s of none and ratios of the others to it; the goals' verdicts."""
     rows, misses = [], []
 
-    def rate(name, c):
-        cells = results.get(name, {}).get("cells", [])
-        return next((x["tokens_per_s"] for x in cells if x["concurrency"] == c), None)
-
-    def step_ms(name, c):
-        return next((x.get("median_step_ms") for x in results.get(name, {}).get("cells", [])
-                     if x["concurrency"] == c), None)
-
-    def accepted(name, c):
-        x = next((x for x in results.get(name, {}).get("cells", []) if x["concurrency"] == c), {})
-        return round(x["num_accepted_tokens"] / x["num_drafts"], 2) if x.get("num_drafts") else None
+    def cell(name, c) -> dict:
+        return next((x for x in results.get(name, {}).get("cells", []) if x["concurrency"] == c), {})
 
     for level in levels:
-        for c in concurrency:
-            none = rate(f"none@{level}", c) or rate("none", c)  # the level's own card's baseline, if it ran one
-            row = {"level": level, "concurrency": c, "none_tok_s": none and round(none, 1)}
-            def engine(mode):
-                return mode if mode in ("none", "control") else f"{mode}@{level}"
+        baseline = f"none@{level}" if f"none@{level}" in results else "none"  # the level's own card's, if it ran one
 
+        def engine(mode):
+            return {"none": baseline, "control": "control"}.get(mode, f"{mode}@{level}")
+
+        for c in concurrency:
+            none = cell(baseline, c).get("tokens_per_s")
+            row = {"level": level, "concurrency": c, "none_tok_s": none and round(none, 1)}
             for mode in MODES[1:]:
-                r, base = rate(engine(mode), c), rate("none", c) if mode == "control" else none  # A/A: one card
+                r = cell(engine(mode), c).get("tokens_per_s")
+                base = cell("none", c).get("tokens_per_s") if mode == "control" else none  # A/A: one card
                 row[f"{mode}/none"] = round(r / base, 3) if r and base else None
-            steps = {mode: step_ms(engine(mode), c) for mode in MODES}
+            steps = {mode: cell(engine(mode), c).get("median_step_ms") for mode in MODES}
             row["median_step_ms"] = {mode: ms for mode, ms in steps.items() if ms is not None}
-            row["accepted_per_draft(fixed)"] = accepted(f"fixed@{level}", c)
+            fixed = cell(f"fixed@{level}", c)
+            row["accepted_per_draft(fixed)"] = round(fixed["num_accepted_tokens"] / fixed["num_drafts"], 2) \
+                if fixed.get("num_drafts") else None
             best = max(x for x in (1.0, row["fixed/none"]) if x is not None)
             if row["gated/none"] is not None:
                 row["gated/best"] = round(row["gated/none"] / best, 3)

@@ -107,8 +107,10 @@ def test_a_card_per_level_runs_its_baseline_first_and_its_ratios_are_to_it(monke
     assert all(len({gpu for gpu, _ in card}) == 1 for card in ran.values())  # a level's engines share a card
     results = {"none": engine(100, 400), "control": engine(101, 400), "none@0.0": engine(90, 360),
                "gated@0.0": engine(88.2, 360), "fixed@0.0": engine(60, 200)}
+    results["none"]["cells"][0]["median_step_ms"], results["none@0.0"]["cells"][0]["median_step_ms"] = 5.0, 5.5
     rows, _ = table(results, [0.0], [1, 4])
     assert rows[0]["none_tok_s"] == 90 and rows[0]["gated/none"] == 0.98 and rows[0]["control/none"] == 1.01
+    assert rows[0]["median_step_ms"] == {"none": 5.5}  # the level's own card's step, as its rate
 
 
 def test_resume_keeps_what_an_earlier_call_measured_for_the_same_spec_only(monkeypatch, tmp_path):
