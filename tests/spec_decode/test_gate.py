@@ -224,3 +224,31 @@ def test_a_stall_during_calibration_does_not_lock_the_slower_mode():
         stalled.observe(speculative=spec, batch_size=4, committed_tokens=4, seconds=(4 / 900 if spec else 4 / 2900) * (
             40 if t < 3 else 1))
     assert stalled.regime(4).winner(stalled.config) is True
+
+
+def test_moderate_acceptance_keeps_speculating_through_runs_of_one_token_steps():
+    """A drafter right half the time per position at batch 1, with an H200's step times (6.68 ms speculative, 5.31
+    plain): half the verify steps commit one token, yet speculation commits 1.44x plain's tokens per second. Averaged
+    over ~4 steps, chance runs of one-token steps flipped the regime to plain until its next re-run (0.905x fixed
+    DFlash on the H200); the gate keeps speculating on nearly every step."""
+    import random
+
+    for seed in range(3):
+        rng, gate, drafted_before, tokens, seconds = random.Random(seed), SpecGate(GateConfig()), False, 0, 0.0
+        for _ in range(4000):
+            spec = gate.decide(1)
+            verifies = drafted_before and spec
+            step = 6.68e-3 if spec else 5.31e-3
+            committed = 1 + (next((k for k in range(15) if rng.random() > 0.5), 15) if verifies else 0)
+            if spec == verifies:
+                gate.observe(speculative=spec, batch_size=1, committed_tokens=committed, seconds=step)
+            drafted_before, tokens, seconds = spec, tokens + committed, seconds + step
+        always = (1 + sum(0.5 ** j for j in range(1, 16))) / 6.68e-3  # speculating on every step
+        assert tokens / seconds > 0.97 * always, (seed, tokens / seconds / always, summary(gate))
+
+
+def test_averages_start_as_a_plain_mean():
+    gate = SpecGate(GateConfig(smoothing=0.1))
+    for seconds in (1.0, 0.5, 0.25):  # 1, 2 and 4 tokens/s
+        gate.observe(speculative=False, batch_size=1, committed_tokens=1, seconds=seconds)
+    assert gate.regime(1).rate[False].value == pytest.approx(7 / 3)

@@ -29,7 +29,9 @@ class Average:
     samples: int = 0
 
     def add(self, x: float, weight: float) -> None:
-        self.value = x if self.samples == 0 else self.value + weight * (x - self.value)
+        """The plain mean of the first 1 / ``weight`` samples, then an exponential average of this weight."""
+        weight = max(weight, 1.0 / (self.samples + 1))
+        self.value += weight * (x - self.value)
         self.samples += 1
 
 
@@ -37,7 +39,12 @@ class Average:
 class GateConfig:
     run_length: int = 3  # steps a decision holds
     min_samples: int = 4  # measured steps of each mode before a regime decides: two runs of each
-    smoothing: float = 0.25  # weight of a new sample in the moving averages
+    # A speculative step commits 1 + the drafts accepted before the first wrong one, so at moderate acceptance its
+    # rate is heavy-tailed (at 0.5 per position half the verify steps commit one token). Averaged over ~4 steps
+    # (0.25), chance runs of such steps flipped a regime to plain, where it stayed until the next re-run: on an H200
+    # at batch 1 the gate ran 0.905x fixed DFlash (benchmarks/dflash_gate_sim.py reproduces it: 0.900). Over ~16
+    # steps it keeps 0.99x; a regime whose winner really changes switches at its next re-run as before.
+    smoothing: float = 1 / 16  # weight of a new sample in the moving averages (their first samples: plain mean)
     explore_budget: float = 0.005  # share of time re-running the losing mode may lose against the winner
     explore_every: int = 64  # fewest steps of a regime between two such re-runs
     max_explore_every: int = 4096  # most steps between them
@@ -114,8 +121,6 @@ class RequestState:
     low_streak: int = 0
 
     def add(self, accepted: float, weight: float) -> None:
-        """The plain mean of the first verify steps, then an exponential average of this weight."""
-        weight = max(weight, 1.0 / (self.accepted.samples + 1))
         self.accepted.add(accepted, weight)
         self.squared.add(accepted * accepted, weight)
 
