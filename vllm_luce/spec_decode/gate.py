@@ -54,10 +54,8 @@ class GateConfig:
     # 0-3 drafts in a third of its verify steps). Judged on a short average, requests of such a drafter were
     # stopped by chance and finished last, at one token a step (measured on an H200: gated 0.89x fixed DFlash at
     # 128 requests). So a request stops only when even the upper end of its average's spread (three standard
-    # errors) stays below break-even, after some verify steps. With two and 4 steps, a drafter right half the time
-    # (1.0 accepted a verify step) against a break-even of 0.8 (batch 16 on an H200) lost a third of its requests
-    # within 250 verify steps; they finished last, and gated ran 0.91x fixed DFlash. With three and 8 steps 2% are
-    # stopped, and a drafter right 30% of the time (0.43 accepted) still stops nearly all (median: 42 steps).
+    # errors; with two, a third of a drafter's requests at 1.0 accepted against a break-even of 0.8 stopped by
+    # chance, and gated ran 0.91x fixed DFlash at batch 16) stays below break-even for ``patience`` steps.
     request_smoothing: float = 0.1  # weight of a verify step in a request's average acceptance
     min_request_samples: int = 12  # verify steps before a request may be stopped
 
