@@ -26,6 +26,17 @@ def simulate(gate, steps, spec_tokens_per_s, plain_tokens_per_s, batch=4, spec_t
     return modes
 
 
+def accepted_before_a_miss(rng, p: float) -> int:
+    """Drafts accepted in a verify step of 15 drafts, each right with probability p: those before the first miss."""
+    return next((k for k in range(15) if rng.random() > p), 15)
+
+
+def measure_both_modes(gate, batch: int, spec_step_s: float, plain_step_s: float) -> None:
+    """One sample of each mode at this batch, every request committing one token (the break-even's step times)."""
+    for spec, s in ((True, spec_step_s), (False, plain_step_s)):
+        gate.observe(speculative=spec, batch_size=batch, committed_tokens=batch, seconds=batch * s)
+
+
 def test_bucket_is_the_power_of_two_at_or_above():
     assert [bucket(n) for n in (0, 1, 2, 3, 4, 5, 16, 17)] == [0, 1, 2, 4, 4, 8, 16, 32]
 
@@ -157,15 +168,13 @@ def test_a_good_drafters_requests_are_not_stopped_by_chance():
 
     rng = random.Random(0)
     gate = SpecGate(GateConfig())
-    for spec, s in ((True, 0.076), (False, 0.014)):
-        gate.observe(speculative=spec, batch_size=128, committed_tokens=128, seconds=128 * s)
+    measure_both_modes(gate, 128, 0.076, 0.014)
     assert gate.regime(128).break_even() == pytest.approx(4.43, abs=0.01)
     for _ in range(64):
         for i in range(128):
-            accepted = next((k for k in range(15) if rng.random() > 0.9), 15)
-            gate.observe_request(f"r{i}", accepted=accepted, batch_size=128)
+            gate.observe_request(f"r{i}", accepted=accepted_before_a_miss(rng, 0.9), batch_size=128)
         gate.observe_request("useless", accepted=0, batch_size=128)
-        gate.observe_request("poor", accepted=next((k for k in range(15) if rng.random() > 0.5), 15), batch_size=128)
+        gate.observe_request("poor", accepted=accepted_before_a_miss(rng, 0.5), batch_size=128)
     assert len(gate.stopped) == 2 and not gate.request_may_draft("useless") and not gate.request_may_draft("poor")
 
 
@@ -239,7 +248,7 @@ def test_moderate_acceptance_keeps_speculating_through_runs_of_one_token_steps()
             spec = gate.decide(1)
             verifies = drafted_before and spec
             step = 6.68e-3 if spec else 5.31e-3
-            committed = 1 + (next((k for k in range(15) if rng.random() > 0.5), 15) if verifies else 0)
+            committed = 1 + (accepted_before_a_miss(rng, 0.5) if verifies else 0)
             if spec == verifies:
                 gate.observe(speculative=spec, batch_size=1, committed_tokens=committed, seconds=step)
             drafted_before, tokens, seconds = spec, tokens + committed, seconds + step
@@ -262,12 +271,11 @@ def test_a_drafter_just_above_break_even_keeps_its_requests_drafting():
 
     rng = random.Random(0)
     gate = SpecGate(GateConfig())
-    for spec, s in ((True, 0.0106), (False, 0.0059)):
-        gate.observe(speculative=spec, batch_size=16, committed_tokens=16, seconds=16 * s)
+    measure_both_modes(gate, 16, 0.0106, 0.0059)
     assert gate.regime(16).break_even() == pytest.approx(0.80, abs=0.01)
     for _ in range(250):
         for i in range(64):
             for name, p in ((f"half{i}", 0.5), (f"poor{i}", 0.3)):
-                gate.observe_request(name, accepted=next((k for k in range(15) if rng.random() > p), 15), batch_size=16)
+                gate.observe_request(name, accepted=accepted_before_a_miss(rng, p), batch_size=16)
     assert sum(name.startswith("half") for name in gate.stopped) <= 4  # 22 of 64 before
     assert sum(name.startswith("poor") for name in gate.stopped) >= 60
