@@ -143,10 +143,12 @@ def kv_cache_report(worker, lengths: list[int]) -> dict:
 
 
 def kvflash_report(worker) -> dict:
-    """KVFlash's totals on this worker (as ``tests/gpu/engine.py`` reads them); ``bound`` False without it."""
+    """KVFlash's totals on this worker (as ``tests/gpu/engine.py`` reads them), also published to ``/metrics`` at
+    once; ``bound`` False without it."""
     runtime = getattr(worker.model_runner, "luce_kvflash", None)
     if runtime is None:
         return {"bound": False}
+    runtime.publish_metrics()
     return {"bound": True, "pool_tokens": runtime.config.pool_tokens, "live_requests": len(runtime.pagers),
             "host_bytes": runtime.host_bytes(), "host_budget": runtime.host_budget,
             "host_pinned_bytes": runtime.pinned_bytes(), "pageable_page_outs": runtime.pageable_page_outs(),
@@ -229,8 +231,9 @@ async def measure(engine, spec: dict, note) -> dict:
     async def kvflash():
         return (await engine.collective_rpc(kvflash_report))[0]
 
-    async def sample():
-        return {"metrics": G.metrics(), "kvflash": await kvflash()}
+    async def sample():  # the workers publish their totals first: the luce metrics read the same values
+        report = await kvflash()
+        return {"metrics": G.metrics(), "kvflash": report}
 
     await decode_window(engine, [G.random_prompt(256, 7)], 4, "warm-up", max_len)
     contexts = []

@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -100,6 +101,26 @@ def test_publisher_writes_only_when_changed_and_skips_its_own_file(tmp_path, mon
     assert path.stat().st_mtime_ns == first
     assert read_snapshots(str(tmp_path), os.getpid()) == []  # a process never reads itself twice
     assert read_snapshots(str(tmp_path), -1)[0]["counter"][0][0] == "dflash_drafts"
+
+
+def test_flush_hands_the_latest_values_over_at_once_and_only_from_a_publishing_process(tmp_path, monkeypatch):
+    monkeypatch.setenv(DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("LUCE_METRICS_OWNER", str(os.getpid()))
+    owner = Publisher(MetricStore())
+    owner.ensure_started()
+    owner.store.inc("dflash_drafts")
+    owner.flush()  # the serving process reads its own store: nothing written
+    assert not list(tmp_path.iterdir())
+    monkeypatch.setenv("LUCE_METRICS_OWNER", "-1")
+    store = MetricStore()
+    pub = Publisher(store)
+    store.set_total("kvflash_page_outs", 1, rank=0)
+    pub.ensure_started()  # its thread writes now, then once a second
+    while not (tmp_path / f"{os.getpid()}.json").exists():
+        time.sleep(0.001)
+    store.set_total("kvflash_page_outs", 7, rank=0)
+    pub.flush()
+    assert read_snapshots(str(tmp_path), -1)[0]["counter"] == [["kvflash_page_outs", [["rank", "0"]], 7.0]]
 
 
 def test_every_metric_is_documented_with_its_kind():

@@ -290,6 +290,11 @@ class KVFlashRuntime:
                 "sparse_steps", "dense_steps", "attended_tokens", "context_tokens")
         return {k: getattr(self.released, k) + sum(getattr(p.stats, k) for p in self.pagers.values()) for k in keys}
 
+    def publish_metrics(self) -> None:
+        """The totals as of now, in ``/metrics`` at the next scrape (``report_metrics`` waits up to 1.5 s)."""
+        self.report_metrics(force=True)
+        metrics.flush()
+
     def report_metrics(self, force: bool = False, every_s: float = 0.5) -> None:
         """Publish residency and paging totals (``vllm:luce_kvflash_*``), at most every ``every_s``."""
         now = time.monotonic()

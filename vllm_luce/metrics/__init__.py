@@ -42,6 +42,11 @@ def set_gauge(name: str, value: float, **labels) -> None:
     STORE.set_gauge(name, value, **labels)
 
 
+def flush() -> None:
+    """Hand this process's values to the serving process now (``Publisher.flush``)."""
+    _publisher.flush()
+
+
 def remove_gauges(name: str) -> None:
     STORE.remove_gauges(name)
 

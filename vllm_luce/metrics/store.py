@@ -130,17 +130,21 @@ class Publisher:
     def __init__(self, store: MetricStore):
         self.store = store
         self.pid: int | None = None
+        self.publishing = False
         self.written_version = -1
+        self.lock = threading.Lock()  # the thread and ``flush`` never interleave: the newer snapshot lands last
 
     def ensure_started(self) -> None:
         pid = os.getpid()
         if self.pid == pid:
             return  # decided for this process: publishing, or nowhere to publish
-        if self.pid is not None:  # forked: the values belong to the parent
+        if self.pid is not None:  # forked: the values belong to the parent, the lock may be held by its thread
             self.store.clear()
-        self.pid, self.written_version = pid, -1
+            self.lock = threading.Lock()
+        self.pid, self.written_version, self.publishing = pid, -1, False
         if not os.environ.get(DIR_ENV) or os.environ.get(OWNER_ENV) == str(pid):
             return  # nowhere to publish, or this process serves /metrics itself
+        self.publishing = True
         threading.Thread(target=self._loop, name="vllm-luce-metrics", daemon=True).start()
         atexit.register(self._remove_own_file)
 
@@ -148,16 +152,23 @@ class Publisher:
         return os.path.join(os.environ[DIR_ENV], f"{os.getpid()}.json")
 
     def publish(self) -> None:
-        version = self.store.version
-        if version == self.written_version:
-            return
-        directory = os.environ[DIR_ENV]
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.store.snapshot(), f)
-        os.replace(tmp, self.path())
-        self.written_version = version
+        with self.lock:
+            version = self.store.version
+            if version == self.written_version:
+                return
+            directory = os.environ[DIR_ENV]
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.store.snapshot(), f)
+            os.replace(tmp, self.path())
+            self.written_version = version
+
+    def flush(self) -> None:
+        """Write now rather than at the next tick, where this process publishes: a reader that asked this process
+        for its values (an RPC) and then scrapes ``/metrics`` reads the same values, not those of a second ago."""
+        if self.publishing and self.pid == os.getpid():
+            self.publish()
 
     def _loop(self) -> None:
         me = os.getpid()
