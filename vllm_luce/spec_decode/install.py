@@ -31,7 +31,7 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
     dflash = luce.dflash
     if not (dflash.on_when_used() and dflash.gate):
         return None
-    from vllm_luce.spec_decode.plain_steps import graph_table, set_graph_table
+    from vllm_luce.spec_decode.plain_steps import context_stash_tokens, graph_table, set_graph_table
 
     table = getattr(spec, "num_speculative_tokens_per_batch_size", None)
     if table and table != graph_table(spec.num_speculative_tokens, vllm_config.scheduler_config.max_num_seqs):
@@ -53,27 +53,3 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
     set_graph_table(vllm_config)  # Model Runner V2 on CUDA: one-token decode graphs for plain steps
     context_stash_tokens(dflash.plain_context_stash, vllm_config)  # refuses a number where the stash cannot apply
     return sched.scheduler_cls
-
-
-AUTO_CONTEXT_STASH = 1024  # tokens (40 MB at Qwen3-8B-DFlash's shape); docs/benchmarks.md, "DFlash plain step"
-
-
-def context_stash_tokens(setting: int | str, vllm_config: Any) -> int:
-    """``dflash.plain_context_stash`` resolved: ``auto`` is ``AUTO_CONTEXT_STASH`` where the stash applies and 0
-    elsewhere; a number where it does not apply is refused. It applies to Model Runner V2 on CUDA with vLLM 0.26,
-    whose DFlash speculator writes the drafter's context eagerly (from 0.32 the drafter's CUDA graph writes a
-    decode step's context)."""
-    if not setting:
-        return 0
-    from vllm_luce.patches import installed_series
-    from vllm_luce.spec_decode.plain_steps import v2_on_cuda
-
-    if not v2_on_cuda(vllm_config):
-        where = "Model Runner V2 on CUDA"
-    elif (series := installed_series()) != "0.26":
-        where = f"vLLM 0.26 (this is vLLM {series})"
-    else:
-        return AUTO_CONTEXT_STASH if setting == "auto" else setting
-    if setting == "auto":
-        return 0
-    raise LuceConfigError(f"dflash.plain_context_stash={setting}: applies to {where}; set it to 0 or leave it out")

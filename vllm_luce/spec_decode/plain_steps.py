@@ -26,10 +26,12 @@ piecewise graphs (vLLM's V1 captures one decode length).
 
 from __future__ import annotations
 
+from typing import Any
+
 from vllm_luce import hooks
+from vllm_luce.config import LuceConfigError
 from vllm_luce.log import logger, tag
 from vllm_luce.spec_decode.context_stash import ContextStash
-from vllm_luce.spec_decode.install import context_stash_tokens
 
 TABLE_SETTING = "vllm.config.speculative:SpeculativeConfig.num_speculative_tokens_per_batch_size"
 
@@ -45,6 +47,29 @@ def v2_on_cuda(vllm_config) -> bool:
 
     return current_platform.is_cuda() and bool(vllm_config.use_v2_model_runner) \
         and vllm_config.parallel_config.data_parallel_size == 1
+
+
+AUTO_CONTEXT_STASH = 1024  # tokens (40 MB at Qwen3-8B-DFlash's shape); docs/benchmarks.md, "DFlash plain step"
+
+
+def context_stash_tokens(setting: int | str, vllm_config: Any) -> int:
+    """``dflash.plain_context_stash`` resolved: ``auto`` is ``AUTO_CONTEXT_STASH`` where the stash applies and 0
+    elsewhere; a number where it does not apply is refused. It applies to Model Runner V2 on CUDA with vLLM 0.26,
+    whose DFlash speculator writes the drafter's context eagerly (from 0.32 the drafter's CUDA graph writes a
+    decode step's context)."""
+    if not setting:
+        return 0
+    from vllm_luce.patches import installed_series
+
+    if not v2_on_cuda(vllm_config):
+        where = "Model Runner V2 on CUDA"
+    elif (series := installed_series()) != "0.26":
+        where = f"vLLM 0.26 (this is vLLM {series})"
+    else:
+        return AUTO_CONTEXT_STASH if setting == "auto" else setting
+    if setting == "auto":
+        return 0
+    raise LuceConfigError(f"dflash.plain_context_stash={setting}: applies to {where}; set it to 0 or leave it out")
 
 
 def set_graph_table(vllm_config) -> bool:
