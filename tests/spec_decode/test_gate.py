@@ -1,5 +1,7 @@
 """The self-calibrating gate core (pure): it measures both modes per batch size and runs the faster one."""
 
+import random
+
 import pytest
 
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate, bucket
@@ -31,10 +33,13 @@ def accepted_before_a_miss(rng, p: float) -> int:
     return next((k for k in range(15) if rng.random() > p), 15)
 
 
-def measure_both_modes(gate, batch: int, spec_step_s: float, plain_step_s: float) -> None:
-    """One sample of each mode at this batch, every request committing one token (the break-even's step times)."""
+def gate_measured(batch: int, spec_step_s: float, plain_step_s: float) -> SpecGate:
+    """A new gate with one sample of each mode at this batch, every request committing one token (the break-even's
+    step times)."""
+    gate = SpecGate(GateConfig())
     for spec, s in ((True, spec_step_s), (False, plain_step_s)):
         gate.observe(speculative=spec, batch_size=batch, committed_tokens=batch, seconds=batch * s)
+    return gate
 
 
 def test_bucket_is_the_power_of_two_at_or_above():
@@ -164,11 +169,8 @@ def test_a_good_drafters_requests_are_not_stopped_by_chance():
     """Drafts right with probability 0.9 per position (accepted = drafts before the first miss): 128 requests over
     64 verify steps, break-even 4.4 (a speculative step 5.4x a plain one's time, as measured at batch 128 on an
     H200). The mean, 7.2 accepted, is above it; requests whose drafts are useless (0) or poor (p 0.5, 1 accepted) stop."""
-    import random
-
     rng = random.Random(0)
-    gate = SpecGate(GateConfig())
-    measure_both_modes(gate, 128, 0.076, 0.014)
+    gate = gate_measured(128, 0.076, 0.014)
     assert gate.regime(128).break_even() == pytest.approx(4.43, abs=0.01)
     for _ in range(64):
         for i in range(128):
@@ -240,8 +242,6 @@ def test_moderate_acceptance_keeps_speculating_through_runs_of_one_token_steps()
     plain): half the verify steps commit one token, yet speculation commits 1.44x plain's tokens per second. Averaged
     over ~4 steps, chance runs of one-token steps flipped the regime to plain until its next re-run (0.905x fixed
     DFlash on the H200); the gate keeps speculating on nearly every step."""
-    import random
-
     for seed in range(3):
         rng, gate, drafted_before, tokens, seconds = random.Random(seed), SpecGate(GateConfig()), False, 0, 0.0
         for _ in range(4000):
@@ -267,11 +267,8 @@ def test_a_drafter_just_above_break_even_keeps_its_requests_drafting():
     """Drafts right half the time (1.0 accepted a verify step) against a break-even of 0.8 (batch 16 on an H200):
     with two standard errors and 4 steps a third of such requests were stopped by chance within 250 verify steps and
     finished last; now few are. A drafter right 30% of the time (0.43 accepted) still stops nearly every request."""
-    import random
-
     rng = random.Random(0)
-    gate = SpecGate(GateConfig())
-    measure_both_modes(gate, 16, 0.0106, 0.0059)
+    gate = gate_measured(16, 0.0106, 0.0059)
     assert gate.regime(16).break_even() == pytest.approx(0.80, abs=0.01)
     for _ in range(250):
         for i in range(64):
