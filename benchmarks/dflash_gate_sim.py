@@ -8,9 +8,9 @@ chance of a 2x hiccup. ``spec_tokens`` is a count (every verify step commits it)
 right with that probability per position: a verify step commits 1 + the drafts accepted before the first
 wrong one, of K = 15, as DFlash's do (at p = 0.5 half the verify steps commit one token). The GPU cases
 take the measured cost of a speculative step at batch 1 (H200, vLLM 0.26, Qwen3-8B shape: 6.68 ms against
-5.31 ms). In the cases that say so the text changes halfway, and with it which mode wins. As in the scheduler binding, a plain step verifies no drafts, and the first step of a
-speculative run verifies nothing (it costs a speculative step and commits one token): the gate sees only
-the other steps. Efficiency is committed tokens per second against an oracle that always runs the faster
+5.31 ms). In the cases that say so the text changes halfway, and with it which mode wins. As in the
+scheduler binding, a plain step verifies no drafts, and the first step of a speculative run verifies
+nothing (it costs a speculative step and commits one token): the gate sees only the other steps. Efficiency is committed tokens per second against an oracle that always runs the faster
 mode on the same noise; 1.0 means exploring and misjudging cost nothing.
 """
 
