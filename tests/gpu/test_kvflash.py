@@ -7,7 +7,7 @@ import statistics
 
 import pytest
 
-from tests.gpu.conftest import (RUNNERS, TP, drift_and_ties, first_parts, keep_report, llm_args, run_engine,
+from tests.gpu.conftest import (RUNNERS, TP, drift_and_ties, first_parts, keep_report, llm_args, parts, run_engine,
                                 side_by_side)
 
 POOL = 384  # 6 chunks of 64: the floor (1 sink + 4 recent + 1); 8x the pool fits the tiny models' 4096
@@ -46,6 +46,37 @@ def test_prompt_8x_the_pool_completes_within_the_pool_and_pages_bit_exact(tiny_m
     stats = out["kvflash"][0]
     assert stats["page_outs"] >= (8 * POOL - POOL) // 64, stats
     assert probe["loads_checked"] == probe["loads_exact"], probe
+
+
+F, S = "full_attention", "sliding_attention"
+# Where users' models put full attention: first (vLLM merges the first layer's KVFlash spec with the rest to test
+# uniformity), and first, middle and last together.
+LAYOUTS = {"first": [F, S, S, S], "first_middle_last": [F, S, F, S, S, F]}
+
+
+@pytest.mark.parametrize("family", ["gemma4", "laguna"])
+def test_full_attention_first_middle_or_last_pools_and_completes(fixtures_root, tmp_path, family):
+    """Per layout: a pool covering the context gives vLLM's tokens (up to bf16 ties between engines compiled apart),
+    and a prompt 8x the pool completes with only the pool resident."""
+    from fixtures.tiny_models import GEMMA4_UNIFORM, build_layout
+
+    extra = GEMMA4_UNIFORM if family == "gemma4" else {}  # the one head dim vLLM 0.26 parses (tiny_models.py)
+    models = {name: build_layout(family, fixtures_root / "gpu-layouts", kinds, **extra)
+              for name, kinds in LAYOUTS.items()}
+    short, long = [prompt(100, 1), prompt(250, 2)], [prompt(8 * POOL + 100, 3)]
+    calls = [(run_engine, (spec(model, short, pool, logprobs=2), tmp_path), {"name": f"{name}-{pool}"})
+             for name, model in models.items() for pool in (None, POOL)]
+    calls += [(run_engine, (spec(model, long, POOL), tmp_path), {"name": f"{name}-long"})
+              for name, model in models.items()]
+    runs = iter(side_by_side(*calls))
+    covering = {name: (next(runs), next(runs)) for name in models}
+    for name, (off, on) in covering.items():
+        assert all(r["bound"] for r in on["kvflash"]), (name, on["kvflash"])
+        assert all(p["tie"] for p in parts(off, on)), (name, parts(off, on))
+        assert sum(r["page_outs"] for r in on["kvflash"]) == 0, name
+    for name in models:
+        out = next(runs)
+        assert len(out["tokens"][0]) == 32 and out["kvflash"][0]["page_outs"] >= 7 * POOL // 64, (name, out["kvflash"])
 
 
 def test_hybrid_target_with_kvflash_completes_a_long_prompt(trained_hybrid, tmp_path):

@@ -21,6 +21,12 @@ from vllm.v1.core.single_type_kv_cache_manager import FullAttentionManager
 from vllm.v1.kv_cache_interface import FullAttentionSpec
 
 
+class KVFlashMergeError(AssertionError, ValueError):
+    """Specs that cannot share a KV cache group. vLLM's callers of ``merge`` differ in what they catch (0.26-0.33):
+    ``is_kv_cache_spec_uniform`` only AssertionError, the grouping of same-type layers (AssertionError, ValueError);
+    this is both, so each treats the pooled layers as a group of their own whatever layer comes first."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class KVFlashSpec(FullAttentionSpec):
     pool_tokens: int = 0  # 0: every block resident (SFI)
@@ -49,13 +55,13 @@ class KVFlashSpec(FullAttentionSpec):
 
     @classmethod
     def merge(cls, specs: list["KVFlashSpec"]) -> "KVFlashSpec":
-        # vLLM groups layers by trying merges and catching ValueError: pooled layers never share a
-        # group with unpooled ones (a DFlash drafter's full attention, for one).
+        # Pooled layers never share a group with unpooled ones (sliding-window layers, a DFlash drafter's full
+        # attention): vLLM tries merges and takes a raise as "not one group" (KVFlashMergeError).
         if not all(isinstance(spec, KVFlashSpec) for spec in specs):
-            raise ValueError("KVFlash layers are grouped only with KVFlash layers")
+            raise KVFlashMergeError("KVFlash layers are grouped only with KVFlash layers")
         pools = {spec.pool_tokens for spec in specs}
         if len(pools) != 1:
-            raise ValueError(f"KVFlash layers of one KV cache group have different pools: {sorted(pools)}")
+            raise KVFlashMergeError(f"KVFlash layers of one KV cache group have different pools: {sorted(pools)}")
         return replace(super().merge(specs), pool_tokens=pools.pop())
 
 

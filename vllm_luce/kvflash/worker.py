@@ -34,10 +34,16 @@ def pooled_group(kv_cache_config) -> int:
     """The one KV cache group of KVFlash layers. None at all means the layers were merged into another
     group or the model has no Luce executor: KVFlash would silently do nothing, so that stops startup."""
     groups = kvflash_groups(kv_cache_config)
-    if len(groups) != 1:
-        raise RuntimeError(f"luce.kvflash: expected one KV cache group of pooled full-attention layers, found "
-                           f"{len(groups)}. KVFlash needs a model served by a vllm-luce executor (Qwen3.5/3.6, "
-                           "Gemma 4, Laguna) with VLLM_LUCE_EXECUTORS not off")
+    if not groups:
+        raise RuntimeError("luce.kvflash: no KV cache group of pooled full-attention layers. KVFlash needs a model "
+                           "served by a vllm-luce executor (Qwen3.5/3.6, Gemma 4, Laguna) with VLLM_LUCE_EXECUTORS "
+                           "not off")
+    if len(groups) > 1:
+        sizes = [len(kv_cache_config.kv_cache_groups[g].layer_names) for g in groups]
+        raise RuntimeError(f"luce.kvflash: vLLM split the model's full-attention layers into {len(groups)} KV cache "
+                           f"groups of {sizes} layers (it makes groups of equal size, and this model has more "
+                           "full-attention layers than layers of another kind); KVFlash pools one group: turn "
+                           "luce.kvflash off for this model")
     return groups[0]
 
 
