@@ -10,9 +10,10 @@ CHUNK = 4
 SHAPE = (2, CHUNK, 3, 8)  # K and V, tokens, kv heads, head dim
 
 
-def pager(pool_chunks=8, **kw):
+def pager(pool_chunks=8, cold_chunks=0, **kw):
+    """A pager over a store of the pool's positions and ``cold_chunks`` more (blocks beyond the pool)."""
     cfg = PagerConfig(pool_tokens=pool_chunks * CHUNK, chunk_tokens=CHUNK, **kw)
-    return RequestPager(cfg, TensorStore(pool_chunks, SHAPE))
+    return RequestPager(cfg, TensorStore(pool_chunks + cold_chunks, SHAPE))
 
 
 def token_value(position):
@@ -230,7 +231,7 @@ def test_host_budget_drops_chunks_instead_of_growing_and_the_rest_stays_exact():
     chunk_bytes = 2 * CHUNK * 3 * 8 * 2  # K and V, tokens, heads, dim, bf16
     budget = 3 * chunk_bytes
     p, lru = pager(), LRU()
-    p.host_allowance = lambda nbytes: p.host_bytes() + max(nbytes, chunk_bytes) <= budget
+    p.host_allowance = lambda nbytes: p.host_bytes() + nbytes <= budget  # the first page-out asks with its bytes too
     for _ in range(20):
         grow(p, CHUNK, lru)
     assert p.host_bytes() == budget == sum(t.numel() * t.element_size() for t in p.host.values())
@@ -241,3 +242,83 @@ def test_host_budget_drops_chunks_instead_of_growing_and_the_rest_stays_exact():
     dropped = set(range(20)) - set(p.resident) - set(p.host)
     assert len(dropped) == p.stats.dropped and not dropped & set(p.summaries)
     assert p.release() == budget and p.host_bytes() == 0
+
+
+def chunk_holds(p, chunk, data):
+    return all(torch.equal(data[:, t], token_value(chunk * CHUNK + t)) for t in range(CHUNK))
+
+
+def test_cold_chunks_fill_the_store_beyond_the_pool_before_host_memory():
+    p, lru = pager(cold_chunks=5), LRU()
+    for _ in range(20):
+        grow(p, CHUNK, lru)
+    assert len(p.cold) == 5 and len(p.host) == 20 - 8 - 5 and p.stats.page_outs == 12 and p.stats.cold_outs == 5
+    assert sorted(p.cold.values()) == list(range(8, 13))  # the positions after the pool's
+    for chunk, position in p.cold.items():  # moved inside the store, bit for bit
+        assert chunk_holds(p, chunk, p.store.data[position])
+    assert p.host_bytes() == 7 * p.store.chunk_nbytes() and p.stats.bytes_out == p.host_bytes()
+    assert_pool_holds_logical_tokens(p)
+
+
+def test_a_swap_with_the_cold_positions_full_moves_chunks_both_ways_and_needs_no_host_memory():
+    """A reselection with every cold position in use: its page-ins free their positions before its page-outs take
+    them, so the swap stays inside the store, and every chunk comes back bit-exact."""
+    p, qk = pager(cold_chunks=4), QK()
+    layers, hkv, d = 1, 3, 8
+    for _ in range(11):  # 12 chunks, the last one partial (the decode token below stays in it): 8 resident, 4 cold
+        grow(p, CHUNK, LRU())
+    grow(p, 2, LRU())
+    assert len(p.cold) == 4 and not p.host
+    wanted = sorted(p.cold)[:2]
+    p.summaries = {c: torch.randn(layers, hkv, d) for c in range(p.num_chunks)}
+    p.queries = (p.summaries[wanted[0]] + p.summaries[wanted[1]]) * 5.0
+    grow(p, 1, qk, decoded=p.config.tau_min)
+    assert set(wanted) <= set(p.resident) and len(p.cold) == 4 and not p.host and p.stats.cold_ins >= 1
+    assert_pool_holds_logical_tokens(p)
+    for chunk, position in p.cold.items():
+        assert chunk_holds(p, chunk, p.store.data[position])
+
+
+def test_a_swap_with_the_host_budget_full_drops_nothing():
+    """host_full "drop": a reselection's page-ins give their host bytes back before its page-outs ask for bytes, so a
+    swap at a full budget pages out instead of dropping."""
+    p, qk = pager(), QK()
+    budget = 4 * p.store.chunk_nbytes()
+    p.host_allowance = lambda nbytes: p.host_bytes() + nbytes <= budget
+    for _ in range(11):  # 12 chunks, the last partial: 4 paged out, the budget full
+        grow(p, CHUNK, LRU())
+    grow(p, 2, LRU())
+    assert p.host_bytes() == budget and p.stats.dropped == 0
+    p.summaries = {c: torch.randn(1, 3, 8) for c in range(p.num_chunks)}
+    target = sorted(p.host)[0]
+    p.queries = p.summaries[target] * 5.0
+    grow(p, 1, qk, decoded=p.config.tau_min)
+    assert target in p.resident and p.stats.page_ins >= 1
+    assert p.stats.dropped == 0 and p.host_bytes() == budget
+    assert_pool_holds_logical_tokens(p)
+
+
+def test_truncation_and_release_give_cold_positions_back():
+    p, lru = pager(cold_chunks=6), LRU()
+    for _ in range(14):
+        grow(p, CHUNK, lru)
+    assert len(p.cold) == 6
+    p.prepare(0, 3, lru)  # a restart after preemption
+    assert not p.cold and sorted(p.cold_free) == list(range(8, 14))
+    for _ in range(13):  # 55 tokens: 14 chunks, 6 of them cold again
+        grow(p, CHUNK, lru)
+    assert sorted(p.cold.values()) == list(range(8, 14)) and p.cold_next == 14  # the same positions, reused
+    p.release()
+    assert not p.cold and not p.cold_free and p.cold_next == -1
+
+
+def test_a_request_s_first_page_out_asks_the_budget_with_its_bytes():
+    """host_full "drop" with the budget already spent by other requests: the first chunk this request evicts is
+    dropped, not paged out (it asked with 0 bytes before, and went over the budget)."""
+    p, lru = pager(), LRU()
+    budget = 4 * p.store.chunk_nbytes()
+    others = budget  # what the worker's other requests hold
+    p.host_allowance = lambda nbytes: others + p.host_bytes() + nbytes <= budget
+    for _ in range(10):
+        grow(p, CHUNK, lru)
+    assert p.host_bytes() == 0 and p.stats.dropped == 2

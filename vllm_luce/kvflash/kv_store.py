@@ -114,6 +114,16 @@ class PagedPoolStore:
         self.load_stream = load_stream_for(self.device) if self.device.type == "cuda" else None
         self.host_pool = None  # (shape, dtype) -> a PinnedChunkPool for page-outs (the runtime's, shared)
 
+    def capacity(self) -> int:
+        """Chunk positions the request's block row holds now: the pool's, then cold ones in blocks beyond it."""
+        return len(self.row) * self.block_size // self.chunk
+
+    def chunk_nbytes(self) -> int:
+        """Bytes of one chunk of every pooled layer's K and V (what a page-out copies to host memory)."""
+        if not self.views:
+            return 0
+        return len(self.views) * self.chunk * self.views[0].shape[1] * 2 * self.head * self.views[0].element_size()
+
     def slots(self, offsets) -> np.ndarray:
         """Linear cache slots of pool offsets (what vLLM's slot mapping holds)."""
         offsets = np.asarray(offsets, dtype=np.int64)

@@ -24,10 +24,16 @@ leaves the pool, and most chunks of a long context never leave it twice. Write-t
 every token to the host as it is written (the whole context, not just the evicted part) to save
 a copy at eviction time that is no larger.
 
-Host memory is bounded too: before a page-out the pager asks ``host_allowance`` (the worker's budget,
-``kvflash.host_bytes``). When the budget is spent the evicted chunk is dropped instead of kept: the
-request goes on with the sinks, the recent tail and what it still holds, as a streaming-attention
-cache would, and the drop is counted and logged. Nothing fails and nothing grows.
+Cold chunks go to the store's positions beyond the pool first (``cold``): the store's capacity is the request's
+block row, and on the GPU the scheduler gives a request blocks beyond its pool while vLLM's KV cache has free blocks
+(``admission.py``), so a page-out is a copy inside the GPU and costs no host memory. Only the rest goes to host
+memory (``host``). A page-out and a page-in of the same step (a reselection's swap) are one rearrangement of the
+store; the swap frees its page-ins' places (cold positions, host bytes) before its page-outs take places.
+
+Host memory is bounded by the scheduler, which holds a request back before it would page out beyond the host
+budget (``admission.py``): the pager pages out whatever it evicts. Only with the opt-in ``host_full: "drop"``
+does it ask ``host_allowance`` before each host page-out and drop the chunk when that says no (counted and logged):
+the request goes on with the sinks, the recent tail and what it still holds, as a streaming-attention cache would.
 """
 
 from __future__ import annotations
@@ -97,6 +103,10 @@ class PoolStore(Protocol):
         """Apply all ``(dst, src)`` position moves and ``(dst, data)`` loads as if at once."""
     def summarize(self, position: int) -> torch.Tensor: ...
     def key_bounds(self, position: int, page_tokens: int) -> torch.Tensor: ...
+    def capacity(self) -> int:
+        """Chunk positions the store has now (the pool's and the cold ones after them)."""
+    def chunk_nbytes(self) -> int:
+        """Bytes of one chunk paged out to host memory."""
 
 
 def summarize(policy, store: PoolStore, position: int) -> torch.Tensor:
@@ -110,6 +120,12 @@ class TensorStore:
 
     def __init__(self, positions: int, chunk_shape: tuple[int, ...], dtype=torch.bfloat16, device="cpu"):
         self.data = torch.zeros((positions, *chunk_shape), dtype=dtype, device=device)
+
+    def capacity(self) -> int:
+        return self.data.shape[0]
+
+    def chunk_nbytes(self) -> int:
+        return _nbytes(self.data[0])
 
     def read(self, position: int) -> torch.Tensor:
         return self.data[position]
@@ -139,13 +155,15 @@ def _nbytes(t: torch.Tensor) -> int:
 
 @dataclass
 class PagerStats:
-    page_outs: int = 0
-    page_ins: int = 0
-    bytes_out: int = 0
-    bytes_in: int = 0
+    page_outs: int = 0  # chunks out of the pool, to either tier
+    page_ins: int = 0  # chunks back into the pool, from either tier
+    cold_outs: int = 0  # of the page-outs, those to cold positions of the store (free KV blocks on the GPU)
+    cold_ins: int = 0
+    bytes_out: int = 0  # bytes copied to host memory
+    bytes_in: int = 0  # bytes copied back from host memory
     moves: int = 0
     reselections: int = 0
-    dropped: int = 0  # chunks discarded because the host budget was spent
+    dropped: int = 0  # chunks discarded because the host budget was spent (host_full "drop" only)
     reselect_s: float = 0.0  # wall time of reselections, scoring and page-ins included
     sparse_steps: int = 0  # SFI: decode steps over the selection
     dense_steps: int = 0  # SFI: decode steps over the whole context (refreshes)
@@ -161,10 +179,10 @@ class RequestPager:
     req_id: str = ""  # set by the worker (the drafter-scorer policy looks the request's tokens up)
     resident: list[int] = field(default_factory=list)  # logical chunks, in pool (= logical) order
     host: dict[int, torch.Tensor] = field(default_factory=dict)  # logical chunk -> paged-out bytes
+    cold: dict[int, int] = field(default_factory=dict)  # logical chunk -> its store position beyond the pool
     host_nbytes: int = 0  # bytes held in ``host``
-    # Asked before each page-out with the chunk's bytes; False drops the chunk (host budget spent).
+    # host_full "drop" only: asked before each host page-out with the chunk's bytes; False drops the chunk.
     host_allowance: Callable[[int], bool] | None = None
-    chunk_nbytes: int = 0  # bytes of one paged-out chunk (known after the first page-out)
     stats: PagerStats = field(default_factory=PagerStats)
     decoded_since_reselect: int = 0
     reselected: bool = False  # a reselection point passed (with or without chunks to choose from)
@@ -174,6 +192,9 @@ class RequestPager:
     query_tokens: torch.Tensor | None = None  # [tokens, layers, q_heads, head_dim]: the window ``queries`` holds
     # Where each chunk's bytes are in the store now; ``resident`` runs ahead of it within a step.
     stored_at: dict[int, int] = field(default_factory=dict)
+    cold_free: list[int] = field(default_factory=list)  # cold positions given back (by page-ins, truncation)
+    cold_next: int = -1  # the first cold position never used (-1: the pool's end, set on first use)
+    cold_moves: list[tuple[int, int]] = field(default_factory=list)  # (cold position, pool position) of this step
 
     # -------------------------------------------------------------- structure
 
@@ -191,6 +212,10 @@ class RequestPager:
     def evictable(self, num_chunks: int | None = None) -> list[int]:
         keep = self.protected(num_chunks)
         return [c for c in self.resident if c not in keep]
+
+    def paged_out(self) -> list[int]:
+        """Chunks out of the pool, in either tier, in logical order."""
+        return sorted(self.host.keys() | self.cold.keys())
 
     def resident_tokens(self) -> int:
         """Tokens attention reads: every resident chunk is full except the last chunk of the sequence."""
@@ -241,7 +266,7 @@ class RequestPager:
         # has just been read, and chunks evicted during a long prefill may be what it asks for.
         first_decode = decoded > 0 and not self.reselected
         reselect = prompt_end or (decoded and (first_decode or self.reselect_due()))
-        if reselect and not self.host:
+        if reselect and not (self.host or self.cold):
             # Nothing paged out, nothing to choose: no wait for the device and no count (V2's warm-up alone ran
             # about 1,024 such requests, which the reselection metric counted)
             self.reselected, self.decoded_since_reselect = True, 0
@@ -287,6 +312,8 @@ class RequestPager:
         self.stored_at = {c: i for c, i in self.stored_at.items() if c < keep}
         for c in [c for c in self.host if c >= keep]:
             self.host_nbytes -= _nbytes(self.host.pop(c))
+        for c in [c for c in self.cold if c >= keep]:
+            self.cold_free.append(self.cold.pop(c))
         for c in [c for c in self.summaries if c >= keep - (start % self.config.chunk_tokens > 0)]:
             del self.summaries[c]  # a chunk cut to partial is re-summarised when full again
         self.num_tokens = start
@@ -308,55 +335,89 @@ class RequestPager:
         for i in torch.argsort(scores, stable=True)[:count].tolist():
             self._page_out(candidates[i])
 
+    def _take_cold(self) -> int | None:
+        """A free cold position of the store, or None when its capacity is in use."""
+        if self.cold_free:
+            return self.cold_free.pop()
+        if self.cold_next < 0:
+            self.cold_next = self.config.pool_chunks
+        if self.cold_next < self.store.capacity():
+            self.cold_next += 1
+            return self.cold_next - 1
+        return None
+
     def _page_out(self, chunk: int) -> None:
         position = self.stored_at.pop(chunk)
         self.resident.remove(chunk)
-        if self.host_allowance is not None and not self.host_allowance(self.chunk_nbytes):
-            # Host budget spent: the chunk is dropped, not paged out (never reselectable again).
+        cold = self._take_cold()
+        if cold is not None:  # moved in the store with this step's rearrangement (``_relayout``)
+            self.cold[chunk] = cold
+            self.cold_moves.append((cold, position))
+            self.stats.page_outs += 1
+            self.stats.cold_outs += 1
+            return
+        nbytes = self.store.chunk_nbytes()
+        if self.host_allowance is not None and not self.host_allowance(nbytes):
+            # host_full "drop": the budget is spent, so the chunk is dropped (never reselectable again).
             self.stats.dropped += 1
             self.summaries.pop(chunk, None)
             return
         read_host = getattr(self.store, "read_host", None)
         data = read_host(position) if read_host else self.store.read(position).detach().to("cpu", copy=True)
-        self.chunk_nbytes = _nbytes(data)
         self.host[chunk] = data
-        self.host_nbytes += self.chunk_nbytes
+        self.host_nbytes += _nbytes(data)
         self.stats.page_outs += 1
-        self.stats.bytes_out += self.chunk_nbytes
+        self.stats.bytes_out += _nbytes(data)
 
-    def _reselect(self, policy) -> list[tuple[int, int]]:
-        """Swap in host chunks that outscore resident evictable ones; returns (chunk, 0) loads."""
+    def _reselect(self, policy) -> list[tuple[int, torch.Tensor | int]]:
+        """Swap in paged-out chunks that outscore resident evictable ones; returns (chunk, source) loads: host
+        bytes, or the cold position the chunk leaves. The page-ins give back their places before the page-outs take
+        theirs, so a swap never needs room it frees."""
         self.decoded_since_reselect, self.reselected = 0, True
         self.stats.reselections += 1
-        resident, away = self.evictable(), sorted(self.host)
+        resident, away = self.evictable(), self.paged_out()
         if not resident or not away:
             return []
         scores = torch.as_tensor(policy.scores(self, resident + away), dtype=torch.float32)
-        res_scores, host_scores = scores[: len(resident)], scores[len(resident):]
-        loads = []
+        res_scores, away_scores = scores[: len(resident)], scores[len(resident):]
+        swaps = []
         worst_first = torch.argsort(res_scores, stable=True).tolist()
-        best_first = torch.argsort(host_scores, descending=True, stable=True).tolist()
+        best_first = torch.argsort(away_scores, descending=True, stable=True).tolist()
         for r, h in zip(worst_first, best_first):
-            if host_scores[h] <= res_scores[r]:
+            if away_scores[h] <= res_scores[r]:
                 break
-            self._page_out(resident[r])
-            loads.append((away[h], 0))
-        for chunk, _ in loads:
-            self.resident.append(chunk)
-        self.resident.sort()
+            swaps.append((resident[r], away[h]))
+        loads = [(chunk, self._take_back(chunk)) for _, chunk in swaps]
+        for victim, _ in swaps:
+            self._page_out(victim)
+        self.resident = sorted(self.resident + [chunk for chunk, _ in loads])
         return loads
 
-    def _relayout(self, loading: dict[int, int]) -> None:
-        """Move surviving chunks to their new positions and load paged-in ones, in one pass."""
-        old_position, moves, loads = self.stored_at, [], []
+    def _take_back(self, chunk: int) -> torch.Tensor | int:
+        """A paged-out chunk's bytes leave their tier: host bytes (returned), or a cold position (freed)."""
+        self.stats.page_ins += 1
+        if chunk in self.cold:
+            self.stats.cold_ins += 1
+            self.cold_free.append(self.cold[chunk])
+            return self.cold.pop(chunk)
+        data = self.host.pop(chunk)
+        self.host_nbytes -= _nbytes(data)
+        self.stats.bytes_in += _nbytes(data)
+        return data
+
+    def _relayout(self, loading: dict[int, torch.Tensor | int]) -> None:
+        """One pass over the store: this step's page-outs to cold positions, surviving chunks to their new
+        positions, and paged-in chunks from cold positions (moves) or host memory (loads). The store reads every
+        move's source before it writes, so a cold position freed and taken again within the step is safe."""
+        old_position, moves, loads = self.stored_at, list(self.cold_moves), []
+        self.cold_moves = []
         for position, chunk in enumerate(self.resident):
             if chunk in loading:
-                data = self.host.pop(chunk)
-                nbytes = _nbytes(data)
-                self.host_nbytes -= nbytes
-                loads.append((position, data))
-                self.stats.page_ins += 1
-                self.stats.bytes_in += nbytes
+                source = loading[chunk]
+                if isinstance(source, int):
+                    moves.append((position, source))
+                else:
+                    loads.append((position, source))
             elif chunk in old_position and old_position[chunk] != position:
                 moves.append((position, old_position[chunk]))
         if moves or loads:
@@ -368,6 +429,9 @@ class RequestPager:
         """Free everything (finished or aborted request); returns the host bytes returned."""
         freed = self.host_nbytes
         self.host.clear()
+        self.cold.clear()
+        self.cold_free.clear()
+        self.cold_next, self.cold_moves = -1, []
         self.host_nbytes = 0
         self.resident.clear()
         self.last_used.clear()
