@@ -1,33 +1,41 @@
-"""PFlash through `vllm serve` and the official `openai` client (trained target, trained scorer)."""
+"""PFlash through `vllm serve` and the official `openai` client (trained target, trained scorer): compression,
+untouched requests, the scoring queue's bound and cancellation, and labels only from fixed sets."""
 
 from __future__ import annotations
 
 import json
 import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 
+import httpx
 import pytest
 
+from fixtures.engine_report import text_metric
 from fixtures.server import SERVE_ENV, Server, vllm_command
+from fixtures.serve_load import scrape
 from fixtures import needle as N
 from fixtures.trained import heldout_files, trained_model
 
 pytestmark = pytest.mark.e2e
 
 KEEP = 0.2
+QUEUE = 3  # the server's max_queued_prompts: a burst of long prompts overflows it
 OFF = {"vllm_xargs": {"luce_pflash": "off"}}
 TOOLS = [{"type": "function", "function": {"name": "lookup", "description": "Look a key up.",
                                            "parameters": {"type": "object", "properties": {"key": {"type": "string"}}}}}]
 
 
-def _pflash_config(drafter) -> str:
-    return json.dumps({"luce": {"pflash": {"drafter": str(drafter), "keep_ratio": KEEP, "min_prompt_tokens": 512}}})
+def _pflash_config(drafter, **settings) -> str:
+    return json.dumps({"luce": {"pflash": {"drafter": str(drafter), "keep_ratio": KEEP, "min_prompt_tokens": 512,
+                                           **settings}}})
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("pflash-serve") / "serve.log"
     with Server(trained_model("qwen36-target"), log, "--max-model-len", "4096", "--no-enable-prefix-caching",
-                "--additional-config", _pflash_config(trained_model("scorer"))) as running:
+                "--additional-config", _pflash_config(trained_model("scorer"), max_queued_prompts=QUEUE)) as running:
         yield running
 
 
@@ -80,6 +88,76 @@ def test_streaming_and_short_prompts_work(client):
     assert "".join(c.choices[0].text for c in chunks if c.choices)
     full = client.completions.create(model="tiny", prompt="import os\n", max_tokens=1, extra_body=OFF)
     assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens  # below min_prompt_tokens: as sent
+
+
+def _prompts(server, outcome: str) -> float:
+    return text_metric(scrape(server.base_url), "vllm:luce_pflash_prompts_total", outcome=outcome)
+
+
+def _queue_settled(server, queued: float, timeout: float = 20.0) -> str:
+    """/metrics once rank 0's queue holds nothing and has taken ``queued`` prompts (its values lag up to 1 s)."""
+    deadline = time.time() + timeout
+    while True:
+        text = scrape(server.base_url)
+        held = text_metric(text, "vllm:luce_pflash_queue_depth")
+        taken = text_metric(text, "vllm:luce_pflash_queued_prompts_total")
+        if (held == 0 and taken == queued) or time.time() > deadline:
+            return text
+        time.sleep(0.25)
+
+
+def test_beyond_the_queue_limit_prompts_complete_uncompressed_and_are_counted(server, client, cases):
+    """A burst of 8 long prompts on one scorer whose queue takes 3: the first 3 are scored while the rest arrive, and
+    those are prefilled as sent at once, each counted as queue_full."""
+    case = cases[0]
+    before = scrape(server.base_url)
+    with ThreadPoolExecutor(8) as pool:
+        replies = list(pool.map(lambda _: client.completions.create(model="tiny", prompt=case.prompt, max_tokens=2,
+                                                                     temperature=0), range(8)))
+    sent = [r.usage.prompt_tokens for r in replies]
+    uncompressed = sum(n == case.prompt_tokens for n in sent)
+    assert 1 <= uncompressed <= 8 - 1 and all(n == case.prompt_tokens or n < 0.5 * case.prompt_tokens for n in sent)
+    text = _queue_settled(server, text_metric(before, "vllm:luce_pflash_queued_prompts_total") + 8 - uncompressed)
+
+    def delta(name, **labels):
+        return text_metric(text, name, **labels) - text_metric(before, name, **labels)
+
+    assert delta("vllm:luce_pflash_prompts_total", outcome="queue_full") == uncompressed
+    assert delta("vllm:luce_pflash_prompts_total", outcome="compressed") == 8 - uncompressed
+    assert delta("vllm:luce_pflash_queued_prompts_total") == 8 - uncompressed
+    assert delta("vllm:luce_pflash_queue_wait_seconds_total") > 0  # the second and third waited for the first
+    assert text_metric(text, "vllm:luce_pflash_queue_depth") == 0
+
+
+def test_a_client_that_disconnects_while_its_prompt_is_queued_leaves_nothing_held(server, client, cases):
+    """Two long prompts keep the scorer busy; a third client gives up (a read timeout closes its connection) while
+    its prompt waits behind them. Its pass is cancelled, rank 0's queue ends up holding nothing, and the server
+    goes on answering."""
+    case = cases[0]
+    before = scrape(server.base_url)
+    body = {"model": "tiny", "prompt": case.prompt, "max_tokens": 2, "temperature": 0}
+    with ThreadPoolExecutor(2) as pool:
+        fillers = [pool.submit(client.completions.create, **body) for _ in range(2)]
+        time.sleep(0.15)
+        with pytest.raises(httpx.ReadTimeout):  # each pass takes about 0.5 s on the CI machine: still queued
+            httpx.post(server.base_url + "/completions", json=body, timeout=httpx.Timeout(30, read=0.3))
+        assert all(f.result().usage.prompt_tokens < case.prompt_tokens for f in fillers)
+    cancelled_before = text_metric(before, "vllm:luce_pflash_prompts_total", outcome="cancelled")
+    assert _prompts(server, "cancelled") == cancelled_before + 1
+    text = _queue_settled(server, text_metric(before, "vllm:luce_pflash_queued_prompts_total") + 3)
+    assert text_metric(text, "vllm:luce_pflash_queue_depth") == 0  # the cancelled ticket is gone from the worker
+    assert "went away while its prompt was queued or scored" in server.log_text()
+    after = client.completions.create(**body)
+    assert after.usage.prompt_tokens < case.prompt_tokens  # and the next long prompt is compressed as before
+
+
+def test_a_client_supplied_skip_value_does_not_become_a_label(server, client):
+    before = _prompts(server, "skipped_other")
+    client.completions.create(model="tiny", prompt="import os\n", max_tokens=1,
+                              extra_body={"vllm_xargs": {"luce_pflash_skip": "client-chosen-label-1234"}})
+    text = scrape(server.base_url)
+    assert text_metric(text, "vllm:luce_pflash_prompts_total", outcome="skipped_other") == before + 1
+    assert "client-chosen-label-1234" not in text
 
 
 def test_server_logs_each_compression(server):

@@ -85,3 +85,27 @@ def test_smaller_vocabulary_without_tokenizer_is_incompatible(drafter):
     with pytest.raises(LuceConfigError, match="vocabulary of 4096 tokens, smaller than the target's 151936"):
         _install(drafter, vocab=151936)
     assert "the target's tokenizer" in _install(drafter, vocab=4096)
+
+
+def _write_header(path, header) -> None:
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + bytes(64))
+
+
+@pytest.mark.parametrize("header,expected", [
+    (["model.embed_tokens.weight"], "a safetensors header that is a JSON list; expected an object of tensor name"),
+    ({"model.embed_tokens.weight": {"dtype": "F32", "data_offsets": [0, 64]}},
+     "malformed safetensors header entry for tensor 'model.embed_tokens.weight': got {\"dtype\": \"F32\", "
+     "\"data_offsets\": [0, 64]}; expected an object with \"shape\""),
+    ({"w": {"dtype": "F32", "shape": "16", "data_offsets": [0, 64]}}, "entry for tensor 'w'"),
+    ({"w": {"dtype": "F32", "shape": [16], "data_offsets": [64]}}, "\"data_offsets\" ([begin, end]"),
+    ({"w": "F32"}, "entry for tensor 'w': got \"F32\""),
+])
+def test_malformed_safetensors_header_names_the_file_and_what_was_expected(drafter, header, expected):
+    f = drafter / "model.safetensors"
+    _write_header(f, header)
+    with pytest.raises(DrafterError) as err:
+        DrafterSpec.load(drafter)
+    assert str(err.value).startswith(f"luce.pflash.drafter: {f} ") and expected in str(err.value), str(err.value)
+    with pytest.raises(LuceConfigError, match="luce.pflash.drafter: .*model.safetensors"):
+        _install(drafter)  # at startup, where the drafter is checked

@@ -13,8 +13,12 @@ from typing import Any
 
 from vllm_luce import metrics, request_args
 from vllm_luce.log import logger, tag
+from vllm_luce.metrics.catalog import PFLASH_OUTCOMES
 
 SKIP_KEY = "luce_pflash_skip"      # set by the chat request patch: why a request is never compressed
+# Answers of the scoring client (``client.py``) for a prompt that was not scored, and what the log says of each.
+UNSCORED = {"queue_full": "the scoring queue is full (luce.pflash.max_queued_prompts)",
+            "deadline": "its scoring pass had not ended within luce.pflash.queue_timeout_s"}
 
 
 def skip_reason(prompt: Any, params: Any, min_prompt_tokens: int) -> str | None:
@@ -24,7 +28,7 @@ def skip_reason(prompt: Any, params: Any, min_prompt_tokens: int) -> str | None:
     if not isinstance(prompt, dict) or prompt.get("type", "token") != "token" or "prompt_token_ids" not in prompt:
         return "not a token prompt"
     extra = params.extra_args or {}
-    if SKIP_KEY in extra:
+    if SKIP_KEY in extra:  # its value only picks the outcome label among a fixed set (``skip_outcome``)
         return str(extra[SKIP_KEY])
     if request_args.declined(params, request_args.PFLASH):  # extra_body={"vllm_xargs": {"luce_pflash": "off"}}
         return "opted out"
@@ -44,9 +48,23 @@ def ids_to_score(engine: Any, prompt: Any, params: Any) -> list[int] | None:
         return None
     reason = skip_reason(prompt, params, settings.min_prompt_tokens)
     if reason is not None:
-        metrics.inc("pflash_prompts", outcome="skipped_" + reason.replace(" ", "_"), **_labels(engine))
+        count(engine, skip_outcome(reason))
         return None
     return prompt["prompt_token_ids"]
+
+
+def skip_outcome(reason: str) -> str:
+    """The ``outcome`` label of a skip reason: one of PFLASH_OUTCOMES, ``skipped_other`` for a reason not known
+    there (``luce_pflash_skip`` also arrives from clients, in ``vllm_xargs``)."""
+    outcome = "skipped_" + reason.replace(" ", "_")
+    return outcome if outcome in PFLASH_OUTCOMES else "skipped_other"
+
+
+def count(engine: Any, outcome: str) -> None:
+    """One prompt more with ``outcome``, a value of the fixed set PFLASH_OUTCOMES."""
+    if outcome not in PFLASH_OUTCOMES:
+        raise ValueError(f"PFlash: outcome {outcome!r} is not one of {PFLASH_OUTCOMES}")
+    metrics.inc("pflash_prompts", outcome=outcome, **_labels(engine))
 
 
 def _labels(engine: Any) -> dict[str, str]:
@@ -63,13 +81,19 @@ def first_answer(results: list[Any]) -> dict[str, Any] | None:
 
 
 def compressed_prompt(prompt: dict, answer: dict[str, Any] | None, request_id: str, engine: Any = None) -> dict:
-    """The prompt to send: the kept tokens, or the original if scoring failed or kept everything."""
+    """The prompt to send: the kept tokens, or the original if the prompt was not scored (queue full, deadline),
+    scoring failed, or it kept everything; each counted under its outcome."""
     labels = _labels(engine)
     if answer is None or "error" in answer:
-        metrics.inc("pflash_prompts", outcome="failed", **labels)
+        count(engine, "failed")
         if answer is not None:
             logger.warning("%s: PFlash: request %s prefilled uncompressed: %s", tag(), request_id, answer["error"])
         return prompt
+    for outcome, why in UNSCORED.items():
+        if answer.get(outcome):
+            count(engine, outcome)
+            logger.info("%s: PFlash: request %s prefilled uncompressed: %s", tag(), request_id, why)
+            return prompt
     kept = answer["token_ids"]
     metrics.inc("pflash_scoring_seconds", (answer["score_ms"] + answer["select_ms"]) / 1e3, **labels)
     logger.info("%s: PFlash: request %s: %d -> %d prompt tokens (%d of %d chunks, %d by anchors; scoring "
@@ -78,9 +102,9 @@ def compressed_prompt(prompt: dict, answer: dict[str, Any] | None, request_id: s
                 answer["select_ms"], ", cross-tokenizer" if answer["cross_tokenizer"] else "")
     sent = len(prompt["prompt_token_ids"])
     if len(kept) >= sent:
-        metrics.inc("pflash_prompts", outcome="kept", **labels)
+        count(engine, "kept")
         return prompt
-    metrics.inc("pflash_prompts", outcome="compressed", **labels)
+    count(engine, "compressed")
     metrics.inc("pflash_prompt_tokens", sent, **labels)
     metrics.inc("pflash_kept_tokens", len(kept), **labels)
     metrics.set_gauge("pflash_compression_ratio", len(kept) / sent, **labels)

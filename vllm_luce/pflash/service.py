@@ -3,15 +3,18 @@ target token ids to prefill (no vLLM import; ``worker.py`` binds it to a vLLM wo
 
 from __future__ import annotations
 
+import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
+from vllm_luce import metrics
+from vllm_luce.log import logger, tag
 from vllm_luce.pflash.drafter_spec import DrafterSpec
 from vllm_luce.pflash.scorer import DrafterScorer, ScoringConfig, choose_dtype
+from vllm_luce.pflash.scoring_queue import QueueConfig, ScoringQueue
 from vllm_luce.pflash.selection import SelectionConfig, select
 from vllm_luce.pflash.text_bridge import TextBridge
 
@@ -34,8 +37,11 @@ class Compressed:
 class PFlashService:
     def __init__(self, drafter: str, device: torch.device | str, selection: SelectionConfig,
                  scoring: ScoringConfig = ScoringConfig(), dtype: str = "auto",
-                 target_tokenizer: Callable[[], Any] | None = None):
-        """``target_tokenizer``: loads the target's tokenizer; called only when the drafter has its own."""
+                 target_tokenizer: Callable[[], Any] | None = None, queue: QueueConfig = QueueConfig(),
+                 metric_labels: dict[str, str] | None = None):
+        """``target_tokenizer``: loads the target's tokenizer; called only when the drafter has its own. ``queue``:
+        the bound and deadline of started passes. ``metric_labels``: where given, the queue's depth and waiting
+        time go to ``/metrics`` with these labels."""
         from vllm_luce.pflash.install import has_tokenizer
 
         t0 = time.perf_counter()
@@ -53,9 +59,13 @@ class PFlashService:
             if mine.get_vocab() != target.get_vocab():
                 self.bridge = TextBridge(target, mine)
         self.load_s = time.perf_counter() - t0
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="luce-pflash")  # one scoring pass at a time
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._jobs: dict[str, tuple[Future, float]] = {}  # ticket -> (pass, when started)
+        self._scoring = threading.Lock()  # one scoring pass at a time: one scorer
+        self._cond = threading.Condition()  # guards the queue; wakes the thread
+        self._queue = ScoringQueue(queue)
+        self._labels, self._published, self._closed = metric_labels, None, False
+        self._thread = threading.Thread(target=self._serve, name="luce-pflash", daemon=True)
+        self._thread.start()
 
     def describe(self) -> str:
         return (f"{self.spec.path.name} on {self.scorer.device} ({str(self.scorer.dtype)[6:]}, "
@@ -63,8 +73,10 @@ class PFlashService:
                 f"{'cross-tokenizer' if self.bridge else 'shared tokenizer'}), loaded in {self.load_s:.2f} s")
 
     def compress(self, token_ids: list[int]) -> Compressed:
-        """Compress now (the caller waits), on the service's thread like a started pass: one scorer, one thread."""
-        return self._thread.submit(self._compress_apart, list(token_ids)).result()
+        """Compress now, in the caller's thread (the offline ``LLM``, which adds its requests one at a time, outside
+        the queue); one pass runs at a time, this or a queued one."""
+        with self._scoring:
+            return self._compress_apart(list(token_ids))
 
     def _compress(self, token_ids: list[int]) -> Compressed:
         t0 = time.perf_counter()
@@ -83,24 +95,73 @@ class PFlashService:
         return Compressed(kept, len(token_ids), chosen.n_chunks, len(chosen.kept_chunks),
                           len(chosen.forced["anchor"]), (t1 - t0) * 1e3, (t2 - t1) * 1e3, self.bridge is not None)
 
-    def start(self, ticket: str, token_ids: list[int]) -> None:
-        """Compress ``token_ids`` on a thread of the service's own (on a GPU, on a CUDA stream of its own), so that
-        the engine goes on stepping its other requests meanwhile: a scoring pass inside the engine loop held every
-        request arriving behind a long prompt for the whole pass. ``result(ticket)`` answers."""
-        now = time.monotonic()
-        for stale in [t for t, (job, at) in self._jobs.items() if job.done() and now - at > ABANDONED_S]:
-            del self._jobs[stale]  # its client went away before asking
-        self._jobs[ticket] = (self._thread.submit(self._compress_apart, list(token_ids)), now)
+    def start(self, ticket: str, token_ids: list[int]) -> bool:
+        """Queue ``token_ids`` for a pass on the service's thread (on a GPU, on a CUDA stream of its own), so that the
+        engine goes on stepping its other requests meanwhile: a scoring pass inside the engine loop held every
+        request arriving behind a long prompt for the whole pass. False when the queue is full (nothing is held);
+        ``poll`` answers."""
+        with self._cond:
+            accepted = self._queue.submit(ticket, list(token_ids))
+            self._publish()
+            self._cond.notify()
+        return accepted
 
-    def result(self, ticket: str) -> dict[str, Any]:
-        """``start``'s answer (``Compressed.as_dict``) once ready, else ``{"pending": True}``; a failed pass raises."""
-        if ticket not in self._jobs:
-            raise KeyError(f"PFlash: no scoring pass was started as {ticket!r}")
-        job = self._jobs[ticket][0]
-        if not job.done():
-            return {"pending": True}
-        del self._jobs[ticket]
-        return job.result().as_dict()
+    def poll(self, tickets: list[str], cancels: list[str] = ()) -> dict[str, dict[str, Any]]:
+        """Cancel ``cancels``, then hand out the answers ready among ``tickets`` (``Compressed.as_dict``, or
+        ``{"error": ...}`` for a failed pass or a ticket the queue holds nothing for); tickets still waiting or
+        being scored are left out."""
+        with self._cond:
+            for ticket in cancels:
+                self._queue.cancel(ticket)
+            found = self._queue.collect(tickets)
+            self._publish()
+            self._cond.notify()  # an expiry may be due sooner than the thread's wait
+        return {t: {"error": f"PFlash: no scoring pass is held as {t!r} (cancelled, past its deadline, or never "
+                             "queued)"} if answer is None else answer for t, answer in found.items()}
+
+    @property
+    def queue(self) -> ScoringQueue:
+        return self._queue
+
+    def close(self) -> None:
+        """Stop the scoring thread once its current pass ends (the queue's waiting prompts are never scored)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                job = None
+                while not self._closed and (job := self._queue.next_pass()) is None:
+                    self._publish()  # expiries
+                    self._cond.wait(self._queue.seconds_to_next_deadline())
+                if job is None:
+                    return
+                self._publish()
+            ticket, token_ids = job
+            try:
+                with self._scoring:
+                    answer = self._compress_apart(token_ids).as_dict()
+            except Exception as e:  # noqa: BLE001 - reported to the API server, which keeps the full prompt
+                logger.exception("%s: PFlash scoring failed; the prompt is prefilled uncompressed", tag())
+                answer = {"error": f"{type(e).__name__}: {e}"}
+            with self._cond:
+                self._queue.finish(ticket, answer)
+                self._publish()
+
+    def _publish(self) -> None:
+        """The queue's depth and waiting time in ``/metrics``, once the queue was used (called under the lock)."""
+        q = self._queue
+        if self._labels is None or not q.accepted + q.refused:
+            return
+        state = (q.held, q.accepted, q.wait_s)
+        if state == self._published:
+            return
+        self._published = state
+        metrics.set_gauge("pflash_queue_depth", q.held, **self._labels)
+        metrics.set_total("pflash_queued_prompts", q.accepted, **self._labels)
+        metrics.set_total("pflash_queue_wait_seconds", q.wait_s, **self._labels)
 
     def _compress_apart(self, token_ids: list[int]) -> Compressed:
         if self._stream is None:
@@ -110,5 +171,3 @@ class PFlashService:
         with torch.cuda.device(self._stream.device), torch.cuda.stream(self._stream):
             return self._compress(token_ids)
 
-
-ABANDONED_S = 600.0  # a finished pass nobody asked for this long is dropped

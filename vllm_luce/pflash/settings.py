@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_luce.pflash.scorer import ScoringConfig
+from vllm_luce.pflash.scoring_queue import QueueConfig
 from vllm_luce.pflash.selection import SelectionConfig
 
 
@@ -20,3 +21,7 @@ def scoring_config(feature: Any) -> ScoringConfig:
         lookahead_tokens=feature.lookahead_tokens, pool_kernel=feature.pool_kernel, pre_rope=feature.pre_rope,
         early_exit_layers=feature.early_exit_layers, attention=feature.attention,
         sparse_alpha=float(feature.sparse_alpha))
+
+
+def queue_config(feature: Any) -> QueueConfig:
+    return QueueConfig(max_prompts=feature.max_queued_prompts, timeout_s=float(feature.queue_timeout_s))

@@ -1,15 +1,18 @@
 """PFlash's worker side: the drafter lives on the model runner of rank 0 (where the model runs),
 loaded when the runner's KV cache is initialised (so a drafter that cannot load stops startup), and
-the engine client calls ``PFlashWorkerExtension.luce_pflash_compress`` through ``collective_rpc``. V1 and Model
-Runner V2 are bound the same way (both runners reach ``bind`` through the initialize_kv_cache patch)."""
+the engine client reaches it through ``collective_rpc``: the API server queues passes (``luce_pflash_start``) and
+collects their answers (``luce_pflash_poll``), the offline ``LLM`` compresses in one blocking call
+(``luce_pflash_compress``). V1 and Model Runner V2 are bound the same way (both runners reach ``bind`` through the
+initialize_kv_cache patch)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from vllm_luce import metrics
 from vllm_luce.log import logger, tag
 from vllm_luce.pflash.service import PFlashService
-from vllm_luce.pflash.settings import scoring_config, selection_config
+from vllm_luce.pflash.settings import queue_config, scoring_config, selection_config
 
 
 def bind(runner: Any, luce: Any) -> None:
@@ -26,8 +29,9 @@ def bind(runner: Any, luce: Any) -> None:
 
         return AutoTokenizer.from_pretrained(model_config.tokenizer, trust_remote_code=model_config.trust_remote_code)
 
+    labels = {"model_name": metrics.model_name(runner.vllm_config)}
     runner.luce_pflash = PFlashService(pf.drafter, runner.device, selection_config(pf), scoring_config(pf),
-                                       pf.dtype, target_tokenizer)
+                                       pf.dtype, target_tokenizer, queue_config(pf), labels)
     logger.info("%s: PFlash drafter %s", tag(), runner.luce_pflash.describe())
 
 
@@ -50,19 +54,17 @@ class PFlashWorkerExtension:
         service = _service(self)
         return None if service is None else _answer(lambda: service.compress(token_ids).as_dict())
 
-    def luce_pflash_start(self, ticket: str, token_ids: list[int]) -> bool | None:
-        """Start compressing in the background (``PFlashService.start``): True on rank 0, None elsewhere. The engine
-        client then polls ``luce_pflash_result`` between the engine's steps."""
+    def luce_pflash_start(self, ticket: str, token_ids: list[int]) -> dict[str, Any] | None:
+        """Queue a pass (``PFlashService.start``): ``{"accepted": bool}`` on rank 0 (False: the queue is full), None
+        elsewhere. The API server then collects the answer with ``luce_pflash_poll``."""
         service = _service(self)
-        if service is None:
-            return None
-        service.start(ticket, token_ids)
-        return True
+        return None if service is None else _answer(lambda: {"accepted": service.start(ticket, token_ids)})
 
-    def luce_pflash_result(self, ticket: str) -> dict[str, Any] | None:
-        """The started pass's answer, ``{"pending": True}`` while it runs, or ``{"error": ...}``; None off rank 0."""
+    def luce_pflash_poll(self, tickets: list[str], cancels: list[str]) -> dict[str, Any] | None:
+        """Cancel ``cancels`` and hand out the answers ready among ``tickets``, in one call for every prompt the API
+        server waits for: ``{"answers": {ticket: answer}}`` on rank 0, None elsewhere."""
         service = _service(self)
-        return None if service is None else _answer(lambda: service.result(ticket))
+        return None if service is None else _answer(lambda: {"answers": service.poll(tickets, cancels)})
 
 
 def _service(worker) -> PFlashService | None:
@@ -80,5 +82,4 @@ def _answer(compute) -> dict[str, Any]:
 
 EXTENSION = f"{PFlashWorkerExtension.__module__}.{PFlashWorkerExtension.__qualname__}"
 RPC = "luce_pflash_compress"  # blocking (the offline LLM, which adds its requests before it steps)
-START, RESULT = "luce_pflash_start", "luce_pflash_result"  # in the background (the API server's AsyncLLM)
-POLL_S = 0.005  # the engine client asks for a started pass's answer this often
+START, POLL = "luce_pflash_start", "luce_pflash_poll"  # queued, in the background (the API server's AsyncLLM)
