@@ -110,14 +110,32 @@ SCHEMA: dict[str, dict[str, Key]] = {
                          help="sfi (Slow-Fast Inference): decode steps attend to pool_tokens of sinks, top-scored "
                               "chunks and the recent tail, with a dense refresh step every tau tokens "
                               "(docs/fidelity.md)"),
-        "host_bytes": Key("auto", (int, str), "a positive integer (bytes of host memory for paged-out KV per "
-                          "worker) or 'auto' (half the memory available at startup, shared by the local ranks)",
+        "host_bytes": Key("auto", (int, str), "a positive integer (bytes of host memory for paged-out KV on this "
+                          "host) or 'auto' (half the memory available when the first server on the host starts)",
                           _positive_int_or_auto,
-                          help="evictions beyond it are dropped, not paged out"),
+                          help="the host's budget, shared by every server, data-parallel engine and rank that uses the "
+                               "same host_ledger (pinned and pageable memory both count); a request whose page-outs "
+                               "would not fit waits, as for KV blocks (docs/kvflash.md, Host memory)"),
+        "host_request_bytes": Key("auto", (int, str), "a positive integer (bytes) or 'auto' (a quarter of host_bytes, "
+                                  "or what one request of max_model_len tokens pages out if that is more; at most "
+                                  "host_bytes)", _positive_int_or_auto,
+                                  help="the most host memory one request may hold: a longer prompt is refused with an "
+                                       "error naming this setting, and a request stops (finish reason length) where its "
+                                       "context would need more"),
+        "host_full": Key("wait", str, "'wait' or 'drop'", lambda v: v in ("wait", "drop"),
+                         help="what happens when the host budget is spent: wait (requests are held back until memory "
+                              "frees; nothing is lost) or drop (each worker drops its coldest chunks beyond its share "
+                              "of host_bytes, counted in vllm:luce_kvflash_host_budget_drops; opt-in)"),
+        "host_ledger": Key("/dev/shm/vllm-luce-kvflash-host", str, "a file path", lambda v: len(v) > 0,
+                           help="the file through which the servers of one host share host_bytes; give a server its "
+                                "own file to give it its own budget"),
+        "gpu_cold": Key(True, bool, "true or false",
+                        help="cold chunks go first to KV cache blocks vLLM has free (beyond a tenth of the cache kept "
+                             "free for other requests), copied inside the GPU; host memory takes the rest"),
         "host_pinned_bytes": Key("auto", (int, str), "an integer >= 0 (bytes of host memory each worker pins for "
                                  "paged-out KV at startup) or 'auto' (what one request of max_model_len tokens pages "
                                  "out)", lambda v: v == "auto" or (isinstance(v, int) and v >= 0),
-                                 help="pinned while the server starts, never while it serves, at most host_bytes; "
+                                 help="pinned while the server starts, never while it serves, within host_bytes; "
                                       "page-outs beyond it copy to pageable memory, synchronously, which stalls the "
                                       "engine (GPU only; docs/kvflash.md)"),
     },
@@ -156,6 +174,15 @@ SCHEMA: dict[str, dict[str, Key]] = {
         "dtype": Key("auto", str, "one of 'auto', 'bfloat16', 'float16', 'float32'",
                      lambda v: v in ("auto", "bfloat16", "float16", "float32"),
                      help="the drafter's dtype: auto is bf16, fp16 on GPUs without bf16, fp32 on CPU"),
+        "max_queued_prompts": Key(32, int, "an integer >= 1", lambda v: v >= 1,
+                                  help="prompts the scoring queue takes, waiting or being scored (one pass runs at "
+                                       "a time); a prompt beyond them is prefilled uncompressed at once (outcome "
+                                       "queue_full). API server only: the offline LLM scores each prompt as it adds "
+                                       "it"),
+        "queue_timeout_s": Key(30, (int, float), "a number > 0 (seconds)", lambda v: v > 0,
+                               help="a prompt whose scoring pass has not ended this long after it arrived is "
+                                    "prefilled uncompressed (outcome deadline): a waiting pass leaves the queue, a "
+                                    "running one's answer is dropped. API server only"),
     },
 }
 

@@ -44,7 +44,7 @@ KINDS = (REGISTRY, CLASS_PATH, SETTING, PATCH, REBINDING, FEATURE)
 # When apply_patches and apply_engine_client_patches apply a patch row (stage of a PATCH row).
 STARTUP = "at register(), in every process"
 ON_IMPORT = "right after its module is first imported"
-ENGINE_CLIENT = "by the VllmConfig patch, with the DFlash gate or PFlash on"
+ENGINE_CLIENT = "by the VllmConfig patch, with the DFlash gate, PFlash or paged KVFlash on"
 ENGINE_CLIENT_PFLASH = "by the VllmConfig patch, with PFlash on"
 SCHEDULER_START = "an override in vllm-luce's scheduler classes, checked when the scheduler starts"
 # Where a FEATURE row runs (its stage).
@@ -128,8 +128,10 @@ PATCHES: dict[str, tuple[str, str, str]] = {
     "vllm.v1.core.sched.scheduler:Scheduler._mamba_block_aligned_split": (
         "KVFlash", SCHEDULER_START, "a pooled prompt's last token in a step of its own"),
     "vllm.v1.engine.async_llm:AsyncLLM.add_request": (
-        "PFlash; DFlash", ENGINE_CLIENT, "check per-request switches (an HTTP 400); compress eligible prompts"),
-    "vllm.v1.engine.llm_engine:LLMEngine.add_request": ("PFlash; DFlash", ENGINE_CLIENT, "the same for the offline LLM API"),
+        "PFlash; DFlash; KVFlash", ENGINE_CLIENT, "check per-request switches (an HTTP 400); compress eligible "
+        "prompts; refuse a prompt beyond KVFlash's host share (an HTTP 400)"),
+    "vllm.v1.engine.llm_engine:LLMEngine.add_request": ("PFlash; DFlash; KVFlash", ENGINE_CLIENT,
+                                                        "the same for the offline LLM API"),
     "vllm.entrypoints.openai.chat_completion.protocol:ChatCompletionRequest.to_sampling_params": (
         "PFlash", ENGINE_CLIENT_PFLASH, "mark tool and response-format requests, never compressed"),
 }
@@ -188,6 +190,9 @@ HOOKS: tuple[Hook, ...] = (
     _row(REBINDING, "vllm.v1.core.sched.scheduler:Scheduler.need_mamba_block_aligned_split",
          f"{KV}.scheduler:KVFlashSchedulerMixin.__init__", "KVFlash",
          "so vLLM calls _mamba_block_aligned_split, the override that ends a pooled prompt alone"),
+    _row(REBINDING, "vllm.v1.request:Request.max_tokens", f"{KV}.scheduler:KVFlashSchedulerMixin.add_request",
+         "KVFlash", "a request stops (finish reason length) where its context would need more host memory than "
+         "luce.kvflash.host_request_bytes, as at max_model_len"),
     _row(REBINDING, "vllm.v1.worker.block_table:BlockTable.compute_slot_mapping", f"{KV}.worker:_bind_slot_mapping",
          "KVFlash", "V1: the pooled group's slots come from the pagers instead of row[pos // block]"),
     _row(REBINDING, "vllm.v1.worker.utils:AttentionGroup.metadata_builders",

@@ -79,8 +79,9 @@ def qwen(tiny_model):
 
 @pytest.fixture(scope="module")
 def pooled(qwen, reference):
-    # Built after the reference engine is gone: engines in one process must not overlap.
-    return make_llm(qwen, kvflash())
+    """The host tier alone (cold chunks in free KV blocks: ``test_kvflash_tiers.py``). Built after the reference
+    engine is gone: engines in one process must not overlap."""
+    return make_llm(qwen, kvflash(gpu_cold=False))
 
 
 @pytest.fixture(scope="module")

@@ -64,11 +64,12 @@ def test_a_returned_view_waits_for_its_copy_event():
     assert again is not None and again.data_ptr() == first and p.misses == 1
 
 
-def test_reserve_pins_whole_slabs_and_only_what_is_missing():
+def test_reserve_pins_whole_chunks_and_only_what_is_missing():
     p = PinnedChunkPool((3, 5, 7), torch.bfloat16, pin=False, slab_bytes=SLAB)
-    p.reserve(SLAB + 1)  # rounds up to whole slabs
-    assert len(p.slabs) == 2 and p.pinned_bytes == 2 * SLAB
-    views = [p.take() for _ in range(8)]
-    assert all(v is not None for v in views) and p.misses == 0
+    chunk = 3 * 5 * 7 * 2
+    p.reserve(SLAB + 1)  # a whole slab, then one chunk: exactly what the host ledger holds for it
+    assert len(p.slabs) == 2 and p.pinned_bytes == SLAB // chunk * chunk + chunk
+    views = [p.take() for _ in range(SLAB // chunk + 1)]
+    assert all(v is not None for v in views) and p.misses == 0 and p.take() is None
     p.reserve(SLAB)  # already held: nothing more
     assert len(p.slabs) == 2

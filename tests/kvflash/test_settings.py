@@ -1,16 +1,33 @@
 """KVFlash's host memory settings resolved from the configuration and the machine."""
 
-from vllm_luce.kvflash.settings import resolve_host_bytes, resolve_pinned_bytes
+from vllm_luce.kvflash.host_ledger import HostLedger
+from vllm_luce.kvflash.settings import ledger_path, resolve_pinned_bytes, resolve_request_bytes
 
 GIB = 1 << 30
 
 
-def test_host_bytes_auto_is_half_the_available_memory_split_between_local_ranks(tmp_path):
+def test_host_bytes_auto_is_half_the_available_memory_when_the_first_server_starts(tmp_path):
     meminfo = tmp_path / "meminfo"
     meminfo.write_text("MemTotal:       1000000 kB\nMemAvailable:    800000 kB\n")
-    assert resolve_host_bytes("auto", 1, str(meminfo)) == 800000 * 1024 // 2
-    assert resolve_host_bytes("auto", 4, str(meminfo)) == 800000 * 1024 // 8
-    assert resolve_host_bytes(12345, 4, str(meminfo)) == 12345
+    first = HostLedger(str(tmp_path / "ledger"), "auto", meminfo=str(meminfo))
+    assert first.budget == 800000 * 1024 // 2
+    assert first.hold("pinned", 1)
+    meminfo.write_text("MemTotal:       1000000 kB\nMemAvailable:    100000 kB\n")
+    assert HostLedger(str(tmp_path / "ledger"), "auto", meminfo=str(meminfo)).budget == 800000 * 1024 // 2
+
+
+def test_a_request_s_share_is_a_quarter_of_the_budget_or_one_longest_request():
+    assert resolve_request_bytes("auto", 100 * GIB, 10 * GIB) == 25 * GIB
+    assert resolve_request_bytes("auto", 100 * GIB, 40 * GIB) == 40 * GIB
+    assert resolve_request_bytes("auto", 20 * GIB, 40 * GIB) == 20 * GIB
+    assert resolve_request_bytes(5 * GIB, 20 * GIB, 40 * GIB) == 5 * GIB
+    assert resolve_request_bytes(50 * GIB, 20 * GIB, 40 * GIB) == 20 * GIB
+
+
+def test_the_ledger_lives_in_the_temp_folder_where_dev_shm_does_not_exist(tmp_path):
+    assert ledger_path(str(tmp_path / "ledger")) == str(tmp_path / "ledger")
+    assert ledger_path("/no/such/folder/ledger").endswith("/ledger")
+    assert not ledger_path("/no/such/folder/ledger").startswith("/no/")
 
 
 def test_pinned_bytes_auto_is_one_longest_request_beyond_the_pool_in_whole_chunks():

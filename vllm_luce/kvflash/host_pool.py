@@ -57,12 +57,15 @@ class PinnedChunkPool:
         return view
 
     def reserve(self, nbytes: int) -> None:
-        """Pin whole slabs now until the pool holds at least ``nbytes`` (the server's startup, before any request)."""
+        """Pin slabs now until the pool holds ``nbytes`` rounded up to a whole chunk (the server's startup, before any
+        request)."""
+        chunk_bytes = torch.Size(self.chunk_shape).numel() * torch.empty(0, dtype=self.dtype).element_size()
         while self.pinned_bytes < nbytes:
-            slab = torch.empty((self.slab_chunks, *self.chunk_shape), dtype=self.dtype, pin_memory=self.pin)
+            chunks = min(self.slab_chunks, -(-(nbytes - self.pinned_bytes) // chunk_bytes))
+            slab = torch.empty((chunks, *self.chunk_shape), dtype=self.dtype, pin_memory=self.pin)
             with self.lock:
                 self.slabs.append(slab)
-                self.free.extend((len(self.slabs) - 1, i) for i in reversed(range(self.slab_chunks)))
+                self.free.extend((len(self.slabs) - 1, i) for i in reversed(range(chunks)))
 
     def record_event(self):
         """An event after every copy queued so far on the copy stream (None without one)."""

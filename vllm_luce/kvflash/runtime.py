@@ -43,13 +43,15 @@ from vllm_luce.kvflash.settings import resolve_pinned_bytes
 from vllm_luce.kvflash.sfi import RequestSelection
 from vllm_luce.log import logger, tag
 
+PIN_BYTES_PER_S = 2.35 * 2**30  # what a host pins a second, for the start line's estimate
+
 
 class KVFlashRuntime:
     def __init__(self, config: PagerConfig, policy_name: str, caches: list[torch.Tensor], layout: TokenLayout,
                  head_size: int, block_size: int, max_num_reqs: int, scorer=None, reduce_max=None,
                  host_budget: int | None = None, metric_labels: dict | None = None, selection: str = "page",
                  query_window: int = 1, scored_dims: ScoredDims = ScoredDims(), host_pinned: int | str = 0,
-                 max_model_len: int = 0):
+                 max_model_len: int = 0, ledger=None, engine: int = 0):
         self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
         self.selection = selection
         self.caches = caches
@@ -71,7 +73,8 @@ class KVFlashRuntime:
         self._buffers: dict[str, torch.Tensor] = {}  # graph_buffer's
         self.host_bytes_released = 0
         self.released = PagerStats()  # totals of released pagers
-        self.host_budget = host_budget  # bytes of paged-out KV this worker may hold (None: unbounded)
+        self.host_budget = host_budget  # host_full 'drop': bytes of paged-out KV this worker may hold, else None
+        self.ledger, self.engine = ledger, engine  # the host's ledger (host_ledger.py) and this engine's tag in it
         self.metric_labels = metric_labels or {}
         self._reported_at = 0.0
         self._host_pools: dict[tuple, PinnedChunkPool] = {}
@@ -98,25 +101,17 @@ class KVFlashRuntime:
         return store
 
     def warm_up(self, q_heads: int | None = None) -> None:
-        """On a GPU, at startup: pin ``host_pinned`` bytes of slabs for page-outs (never pinned while serving:
-        ``host_pool.py``), then page one chunk of vLLM's null block (block 0) out and back in, and summarise and score
-        it as the policy does (``q_heads``: this rank's query heads), so that the first long prompt does not compile
-        the paging and scoring kernels (vLLM's JIT monitor caught the salient kernel compiling on the first
-        request)."""
+        """On a GPU, at startup: pin ``host_pinned`` bytes of slabs for page-outs (``pin_host_memory``), then page one
+        chunk of vLLM's null block (block 0) out and back in, and summarise and score it as the policy does
+        (``q_heads``: this rank's query heads), so that the first long prompt does not compile the paging and scoring
+        kernels (vLLM's JIT monitor caught the salient kernel compiling on the first request)."""
         if not self.caches or self.caches[0].device.type != "cuda" or self.selection == "sfi":
             return
         store = self._new_store()
         store.row = np.zeros(-(-self.config.chunk_tokens // self.block_size), dtype=np.int64)
+        chunk = store.read(0)  # a page-out's shape and dtype
+        self.pin_host_memory(tuple(chunk.shape), chunk.dtype)
         try:
-            chunk = store.read(0)  # a page-out's shape and dtype
-            pinned = resolve_pinned_bytes(self.host_pinned, self.host_budget, chunk.numel() * chunk.element_size(),
-                                          self.max_model_len, self.config.pool_tokens, self.config.chunk_tokens)
-            if pinned:
-                started = time.perf_counter()
-                pool = self.host_pool(tuple(chunk.shape), chunk.dtype)
-                pool.reserve(pinned)
-                logger.info("%s: KVFlash: pinned %.1f GiB of host memory for paged-out KV in %.1f s", tag(),
-                            pool.pinned_bytes / 2**30, time.perf_counter() - started)
             host = store.read_host(0)
             store.synchronize()
             store.write(0, host)  # the same bytes back
@@ -124,6 +119,39 @@ class KVFlashRuntime:
             torch.cuda.synchronize(self.caches[0].device)
         except Exception as error:  # noqa: BLE001 - a slower first request, not a reason to stop the server
             logger.warning("%s: KVFlash: warm-up failed (the first request compiles instead): %s", tag(), error)
+
+    def pin_host_memory(self, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        """Pin ``host_pinned`` bytes of whole chunks for page-outs, within what the host ledger leaves, before the
+        server serves (never while it serves: ``host_pool.py``); held in the ledger as this worker's pinned bytes. A
+        failure to pin is reported as such: page-outs then copy to pageable memory, slower, nothing is lost."""
+        chunk_bytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
+        budget = self.ledger.budget if self.ledger is not None else self.host_budget
+        wanted = resolve_pinned_bytes(self.host_pinned, budget, chunk_bytes, self.max_model_len,
+                                      self.config.pool_tokens, self.config.chunk_tokens) // chunk_bytes * chunk_bytes
+        if not wanted:
+            return
+        granted = wanted if self.ledger is None else \
+            self.ledger.hold_up_to("pinned", wanted, self.engine) // chunk_bytes * chunk_bytes
+        if granted < wanted:
+            logger.warning("%s: KVFlash: the host's budget (luce.kvflash.host_bytes, %.1f GiB, shared through %s) "
+                           "leaves %.1f of the %.1f GiB to pin (luce.kvflash.host_pinned_bytes); page-outs beyond it "
+                           "copy to pageable memory", tag(), budget / 2**30, self.ledger.path, granted / 2**30,
+                           wanted / 2**30)
+        if not granted:
+            return
+        logger.info("%s: KVFlash: pinning %.1f GiB of host memory for paged-out KV (about %.0f s)", tag(),
+                    granted / 2**30, granted / PIN_BYTES_PER_S)
+        started, pool = time.perf_counter(), self.host_pool(shape, dtype)
+        try:
+            pool.reserve(granted)
+        except (RuntimeError, MemoryError) as error:
+            logger.error("%s: KVFlash: could not pin %.1f GiB of host memory (luce.kvflash.host_pinned_bytes): %s; "
+                         "%.1f GiB pinned, page-outs beyond it copy to pageable memory", tag(), granted / 2**30,
+                         error, pool.pinned_bytes / 2**30)
+        if self.ledger is not None:
+            self.ledger.hold("pinned", pool.pinned_bytes, self.engine)
+        logger.info("%s: KVFlash: pinned %.1f GiB in %.1f s", tag(), pool.pinned_bytes / 2**30,
+                    time.perf_counter() - started)
 
     def warm_up_policy(self, store, q_heads: int | None) -> None:
         """The policy's summary of ``store``'s first chunk, scored with zero queries of a reselection's shape. A copy
@@ -146,12 +174,13 @@ class KVFlashRuntime:
         return pool
 
     def _host_allowance(self, pager: RequestPager, nbytes: int) -> bool:
+        """host_full 'drop': this worker's share of the host budget."""
         if self.host_bytes() + nbytes <= self.host_budget:
             return True
         if not pager.stats.dropped:
-            logger.warning("%s: KVFlash: host memory for paged-out KV is spent (luce.kvflash.host_bytes = %d); "
-                           "request %s drops its coldest chunks instead of paging them out", tag(),
-                           self.host_budget, getattr(pager, "req_id", "?"))
+            logger.warning("%s: KVFlash: this worker's share of the host budget (luce.kvflash.host_bytes, %d bytes) "
+                           "is spent and luce.kvflash.host_full is 'drop': request %s drops its coldest chunks",
+                           tag(), self.host_budget, getattr(pager, "req_id", "?"))
         return False
 
     def plan(self, req_ids: list[str], query_start_loc: np.ndarray, starts: np.ndarray, rows: np.ndarray,
@@ -286,8 +315,8 @@ class KVFlashRuntime:
         return sum(pool.misses for pool in self._host_pools.values())
 
     def stats(self) -> dict[str, float]:
-        keys = ("page_outs", "page_ins", "bytes_out", "bytes_in", "moves", "reselections", "dropped", "reselect_s",
-                "sparse_steps", "dense_steps", "attended_tokens", "context_tokens")
+        keys = ("page_outs", "page_ins", "cold_outs", "cold_ins", "bytes_out", "bytes_in", "moves", "reselections",
+                "dropped", "reselect_s", "sparse_steps", "dense_steps", "attended_tokens", "context_tokens")
         return {k: getattr(self.released, k) + sum(getattr(p.stats, k) for p in self.pagers.values()) for k in keys}
 
     def publish_metrics(self) -> None:
@@ -305,8 +334,13 @@ class KVFlashRuntime:
         metrics.set_gauge("kvflash_requests", len(self.pagers), **labels)
         metrics.set_gauge("kvflash_resident_chunks", sum(len(p.resident) for p in self.pagers.values()), **labels)
         metrics.set_gauge("kvflash_host_chunks", sum(len(p.host) for p in self.pagers.values()), **labels)
+        metrics.set_gauge("kvflash_cold_chunks", sum(len(getattr(p, "cold", ())) for p in self.pagers.values()),
+                          **labels)
         metrics.set_gauge("kvflash_host_bytes", self.host_bytes(), **labels)
-        for name, key in (("page_outs", "page_outs"), ("page_ins", "page_ins"), ("page_out_bytes", "bytes_out"),
+        metrics.set_gauge("kvflash_pinned_bytes", self.pinned_bytes(), **labels)
+        metrics.set_total("kvflash_pageable_page_outs", self.pageable_page_outs(), **labels)
+        for name, key in (("page_outs", "page_outs"), ("page_ins", "page_ins"), ("cold_page_outs", "cold_outs"),
+                          ("page_out_bytes", "bytes_out"),
                           ("page_in_bytes", "bytes_in"), ("reselections", "reselections"),
                           ("reselection_seconds", "reselect_s"), ("host_budget_drops", "dropped"),
                           ("sfi_sparse_steps", "sparse_steps"), ("sfi_dense_steps", "dense_steps")):

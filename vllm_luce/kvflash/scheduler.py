@@ -1,4 +1,6 @@
-"""KVFlash's scheduler hook: a pooled prompt's last token gets a step of its own (``prompt_end.py``).
+"""KVFlash's scheduler hooks: a pooled prompt's last token gets a step of its own (``prompt_end.py``), and the
+tiers of cold chunks (``engine_tiers.py``): the KVFlash managers lend free blocks and reserve host memory, each step
+ends by returning what it did not allocate, and a request's length stops where its host share ends.
 
 vLLM's scheduler clips each request's chunk in ``_mamba_block_aligned_split`` (0.26 through 0.33, the same
 signature; see LEDGER), called only when ``need_mamba_block_aligned_split`` is set (Mamba prefix caching in
@@ -33,13 +35,54 @@ class KVFlashSchedulerMixin:
         super().__init__(*args, **kwargs)
         self._luce_pool_tokens = pooled_prompt_tokens(self.vllm_config)
         self._luce_vllm_aligns = self.need_mamba_block_aligned_split
+        self.luce_admission = None
         if self._luce_pool_tokens is not None:
             from vllm_luce.patches import check_signature, ledger_signature
 
             check_signature(TARGET, Scheduler._mamba_block_aligned_split, ledger_signature(TARGET))
-            from vllm_luce import hooks
+            from vllm_luce import hooks, metrics
+            from vllm_luce.config import LuceConfig
+            from vllm_luce.kvflash.engine_tiers import build_admission
 
             hooks.bind("vllm.v1.core.sched.scheduler:Scheduler.need_mamba_block_aligned_split", self, True)
+            self.luce_admission = build_admission(self, LuceConfig.from_vllm_config(self.vllm_config))
+            parallel = self.vllm_config.parallel_config
+            self._luce_tier_labels = {"model_name": metrics.model_name(self.vllm_config),
+                                      "engine": getattr(parallel, "data_parallel_rank", 0)}
+            self._luce_max_tokens = None if self.luce_admission is None else \
+                self.luce_admission.config.max_tokens(getattr(self, "num_lookahead_tokens", 0) or 0)
+
+    def add_request(self, request) -> None:
+        """A request stops where its context would need more host memory than its share (finish reason length),
+        as at max_model_len; a prompt that alone would is refused by the frontend (``kvflash/frontend.py``)."""
+        limit = getattr(self, "_luce_max_tokens", None)
+        if limit is not None and request.num_prompt_tokens + request.max_tokens > limit:
+            from vllm_luce import hooks
+
+            hooks.bind("vllm.v1.request:Request.max_tokens", request, max(1, limit - request.num_prompt_tokens))
+        super().add_request(request)
+
+    def schedule(self, *args, **kwargs):
+        output = super().schedule(*args, **kwargs)
+        if self.luce_admission is not None:
+            from vllm_luce.kvflash.engine_tiers import report
+
+            report(self.luce_admission, self._luce_tier_labels)
+        return output
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        if self.luce_admission is not None:
+            from vllm_luce.kvflash.engine_tiers import report
+
+            report(self.luce_admission, self._luce_tier_labels, step_end=False)
+        return result
+
+    def shutdown(self) -> None:
+        if self.luce_admission is not None:
+            for req_id in list(self.luce_admission.reserved):
+                self.luce_admission.release(req_id)
+        super().shutdown()
 
     def _mamba_block_aligned_split(self, request, num_new_tokens: int, num_new_local_computed_tokens: int = 0,
                                    num_external_computed_tokens: int = 0) -> int:

@@ -17,7 +17,7 @@ from vllm_luce.kernels.scored_dims import FAST_PAIRS, ScoredDims
 from vllm_luce.kvflash.cache_layout import cache_layout
 from vllm_luce.kvflash.kv_store import to_device_async
 from vllm_luce.kvflash.runtime import KVFlashRuntime
-from vllm_luce.kvflash.settings import pager_config_from, resolve_host_bytes
+from vllm_luce.kvflash.settings import ledger_path, pager_config_from
 from vllm_luce.log import logger, tag
 
 
@@ -73,10 +73,10 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
     _bind_release(runner, runtime)
     runner.luce_kvflash = runtime
     runtime.warm_up(local_query_heads(runner.vllm_config))
-    logger.info("%s: KVFlash on %d layers (group %d, block %d): %s %d tokens in chunks of %d, policy %s, "
-                "host budget %.1f GiB", tag(), len(group.layer_names), gid, block_table.block_size,
+    logger.info("%s: KVFlash on %d layers (group %d, block %d): %s %d tokens in chunks of %d, policy %s", tag(),
+                len(group.layer_names), gid, block_table.block_size,
                 "SFI, decode attends to" if runtime.selection == "sfi" else "pool", cfg.pool_tokens,
-                cfg.chunk_tokens, policy_label(runtime), runtime.host_budget / 2**30)
+                cfg.chunk_tokens, policy_label(runtime))
     return runtime
 
 
@@ -130,18 +130,25 @@ def _rotation(rotary) -> tuple[int, int, bool, int] | None:
 
 
 def runtime_options(vllm_config, luce) -> dict:
-    """The host budget and metric labels of this worker (shared by the V1 and V2 bindings)."""
+    """The host ledger, budget and metric labels of this worker (shared by the V1 and V2 bindings). The scheduler
+    keeps paged-out KV within the host's budget (``admission.py``); with host_full 'drop' each worker drops chunks
+    beyond its share of it instead."""
     from vllm.distributed import get_tensor_model_parallel_rank
 
-    parallel = vllm_config.parallel_config
-    local_ranks = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
+    from vllm_luce.kvflash.engine_tiers import engine_of
+    from vllm_luce.kvflash.host_ledger import open_ledger
+
+    kv, parallel = luce.kvflash, vllm_config.parallel_config
     try:
         rank = get_tensor_model_parallel_rank()
     except (AssertionError, RuntimeError):  # no parallel state (unit tests)
         rank = 0
-    budget = resolve_host_bytes(luce.kvflash.host_bytes, local_ranks)
-    return {"host_budget": budget, "host_pinned": luce.kvflash.host_pinned_bytes, "max_model_len": vllm_config.model_config.max_model_len,
-            "selection": luce.kvflash.selection, "query_window": luce.kvflash.query_window,
+    ledger = open_ledger(ledger_path(kv.host_ledger), kv.host_bytes) if kv.selection == "page" else None
+    local_ranks = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
+    drop_budget = ledger.budget // local_ranks if ledger is not None and kv.host_full == "drop" else None
+    return {"host_budget": drop_budget, "ledger": ledger, "engine": engine_of(vllm_config),
+            "host_pinned": kv.host_pinned_bytes, "max_model_len": vllm_config.model_config.max_model_len,
+            "selection": kv.selection, "query_window": kv.query_window,
             "metric_labels": {"model_name": metrics.model_name(vllm_config), "rank": rank}}
 
 

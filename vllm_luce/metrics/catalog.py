@@ -5,6 +5,13 @@ from __future__ import annotations
 
 PREFIX = "vllm:luce_"
 
+# Every value of pflash_prompts' outcome label: a fixed set, so that no client-supplied value becomes a series.
+PFLASH_OUTCOMES = (
+    "compressed", "kept", "failed", "queue_full", "deadline", "cancelled",
+    "skipped_not_a_generation_request", "skipped_not_a_token_prompt", "skipped_tools", "skipped_tool_choice",
+    "skipped_response_format", "skipped_opted_out", "skipped_prompt_logprobs", "skipped_short_prompt", "skipped_other",
+)
+
 # name -> (kind, labels besides model_name, help)
 CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
     # DFlash: the gate in the engine core's scheduler
@@ -29,22 +36,46 @@ CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
     "kvflash_requests": ("gauge", ("rank",), "Requests with a KVFlash pager."),
     "kvflash_resident_chunks": ("gauge", ("rank",), "Chunks of KV resident in the GPU pools of those requests."),
     "kvflash_host_chunks": ("gauge", ("rank",), "Chunks of KV paged out to host memory."),
+    "kvflash_cold_chunks": ("gauge", ("rank",), "Chunks of KV paged out to free KV cache blocks on the GPU."),
     "kvflash_host_bytes": ("gauge", ("rank",), "Host memory held by paged-out KV, in bytes."),
-    "kvflash_page_outs": ("counter", ("rank",), "Chunks paged out to host memory."),
+    "kvflash_pinned_bytes": ("gauge", ("rank",), "Host memory pinned at startup for page-outs, in bytes."),
+    "kvflash_page_outs": ("counter", ("rank",), "Chunks paged out of the pool, to free KV blocks or host memory."),
+    "kvflash_cold_page_outs": ("counter", ("rank",), "Of the page-outs, those to free KV cache blocks on the GPU."),
+    "kvflash_pageable_page_outs": (
+        "counter", ("rank",), "Page-outs copied to pageable host memory (every pinned chunk was in use): slower."),
     "kvflash_page_ins": ("counter", ("rank",), "Chunks paged back into the pool."),
     "kvflash_page_out_bytes": ("counter", ("rank",), "Bytes copied to host memory."),
     "kvflash_page_in_bytes": ("counter", ("rank",), "Bytes copied back from host memory."),
     "kvflash_reselections": ("counter", ("rank",), "Relevance reselections run (with paged-out chunks to choose from)."),
     "kvflash_reselection_seconds": ("counter", ("rank",), "Time spent in reselections (scoring and page-ins)."),
     "kvflash_host_budget_drops": (
-        "counter", ("rank",), "Chunks dropped instead of paged out because kvflash.host_bytes was spent."),
+        "counter", ("rank",), "Chunks dropped because kvflash.host_bytes was spent (only with host_full 'drop')."),
     "kvflash_sfi_sparse_steps": ("counter", ("rank",), "SFI decode steps of a request over its selection only."),
     "kvflash_sfi_dense_steps": ("counter", ("rank",), "SFI dense refresh steps of a request over its whole context."),
-    # PFlash: the engine client (API server)
+    # KVFlash: the tiers in the engine core's scheduler (engine label: the data-parallel rank)
+    "kvflash_host_budget_bytes": ("gauge", ("engine",), "The host's budget for paged-out KV (kvflash.host_bytes)."),
+    "kvflash_host_reserved_bytes": (
+        "gauge", ("engine",), "Host memory this engine's running requests have reserved for paged-out KV."),
+    "kvflash_held_back_requests": (
+        "gauge", ("engine",), "Requests held back at the latest step because their page-outs would not fit host memory."),
+    "kvflash_held_back_steps": ("counter", ("engine",), "Request steps held back for host memory, summed."),
+    # PFlash: the engine client (API server), and the scoring queue on rank 0's worker
     "pflash_prompts": ("counter", ("outcome",),
-                       "Prompts seen by PFlash: compressed, kept (scoring kept everything), failed, or a skip reason."),
+                       "Prompts seen by PFlash, by outcome: compressed; kept (scoring kept everything); failed; "
+                       "queue_full, deadline (prefilled uncompressed: the scoring queue was full, or the pass had not "
+                       "ended by pflash.queue_timeout_s); cancelled (the client went away while its prompt was queued "
+                       "or scored); or skipped_<reason>, where reason is one of "
+                       + ", ".join(o.removeprefix("skipped_") for o in PFLASH_OUTCOMES if o.startswith("skipped_"))
+                       + "."),
     "pflash_prompt_tokens": ("counter", (), "Prompt tokens of compressed prompts, as sent."),
     "pflash_kept_tokens": ("counter", (), "Tokens prefilled for those prompts (compression ratio = kept / prompt)."),
     "pflash_compression_ratio": ("gauge", (), "Kept / prompt tokens of the latest compressed prompt."),
     "pflash_scoring_seconds": ("counter", (), "Drafter scoring and selection time of scored prompts."),
+    "pflash_queue_depth": ("gauge", (),
+                           "Prompts the scoring queue holds: waiting, being scored, or scored and not yet collected by "
+                           "the API server (at most a poll, 5-50 ms)."),
+    "pflash_queued_prompts": ("counter", (), "Prompts the scoring queue took."),
+    "pflash_queue_wait_seconds": ("counter", (),
+                                  "Time prompts waited in the scoring queue before their pass started, or until they "
+                                  "left it unscored (mean wait = this / queued_prompts)."),
 }

@@ -42,13 +42,14 @@ def pool_full_attention(model, plan: LayerPlan, luce: LuceConfig) -> None:
     from vllm_luce.kvflash.spec import KVFlashSpec
     # SFI keeps every block resident: no cap (its pool is the attention budget, applied by the worker).
     pool_tokens = 0 if luce.kvflash.selection == "sfi" else pager_config_from(luce.kvflash).pool_tokens
+    cold_rows = bool(pool_tokens) and luce.kvflash.gpu_cold  # rows with room for cold chunks in free blocks
     modules = dict(model.named_modules())
     for info in plan.full_attention:
         attn = modules[info.module_name]
         upstream = attn.get_kv_cache_spec
 
         def get_kv_cache_spec(vllm_config, _upstream=upstream):
-            return KVFlashSpec.from_full_attention(_upstream(vllm_config), pool_tokens)
+            return KVFlashSpec.from_full_attention(_upstream(vllm_config), pool_tokens, cold_rows)
 
         hooks.bind("vllm.model_executor.layers.attention:Attention.get_kv_cache_spec", attn, get_kv_cache_spec)
 

@@ -125,9 +125,9 @@ def when_imported(module_name: str, callback: Callable[[], object]) -> None:
 
 
 def apply_engine_client_patches(pflash: bool) -> None:
-    """The engine-client patch rows of vllm_luce/hooks.py, applied by the VllmConfig patch when the DFlash gate or
-    PFlash is on: the per-request switches' check, PFlash's prompt compression and (PFlash only) the chat request's
-    skip reason."""
+    """The engine-client patch rows of vllm_luce/hooks.py, applied by the VllmConfig patch when the DFlash gate,
+    PFlash or paged KVFlash is on: the per-request switches' check, PFlash's prompt compression, KVFlash's refusal of
+    a prompt beyond its host share and (PFlash only) the chat request's skip reason."""
     from vllm_luce import hooks
 
     stages = (hooks.ENGINE_CLIENT, hooks.ENGINE_CLIENT_PFLASH) if pflash else (hooks.ENGINE_CLIENT,)

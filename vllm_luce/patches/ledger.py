@@ -344,14 +344,21 @@ LEDGER += (
         why="PFlash must shorten a long prompt before vLLM derives anything from it (the scheduler's KV "
             "allocation, usage, detokenizer state), and scoring must run on the workers. A bad per-request "
             "switch (vllm_xargs luce_dflash / luce_pflash) must be an HTTP 400 naming it, not a silent default "
-            "or an engine-core error. vLLM has no plugin hook on the engine-client input path.",
-        how="Applied when luce.pflash or the DFlash gate is on. Wraps add_request: request_args.check raises "
+            "or an engine-core error. A prompt KVFlash could never hold in host memory must be refused with an "
+            "error naming the setting before it waits forever. vLLM has no plugin hook on the engine-client input "
+            "path.",
+        how="Applied when luce.pflash, the DFlash gate or paged KVFlash is on. Wraps add_request: "
+            "request_args.check raises "
             "ValueError for a switch that is neither on nor off (vLLM's servers answer it with a 400); then, "
-            "for an eligible token prompt (PFlash on), it starts the scoring pass in the background "
+            "for an eligible token prompt (PFlash on), it queues the scoring pass on rank 0 "
             "(collective_rpc('luce_pflash_start'), a method of the worker extension PFlash sets, "
-            "pflash.worker.PFlashWorkerExtension), polls collective_rpc('luce_pflash_result') every 5 ms while the "
-            "engine keeps stepping, and passes the kept tokens to vLLM's own add_request; any other request, or a "
-            "failed scoring pass, goes through unchanged.",
+            "pflash.worker.PFlashWorkerExtension) and awaits its answer, which one poller per engine client collects "
+            "for every waiting prompt at once (collective_rpc('luce_pflash_poll'), every 5-50 ms) while the engine "
+            "keeps stepping; then it passes the kept tokens to vLLM's own add_request. A full queue, a pass not "
+            "ended by luce.pflash.queue_timeout_s, or a failed pass sends the prompt unchanged; a cancelled "
+            "add_request (the client disconnected) cancels the pass and never reaches vLLM's. Last, "
+            "kvflash.frontend.check raises ValueError (a 400) for a prompt whose paged-out KV exceeds "
+            "luce.kvflash.host_request_bytes.",
         remove_when="vLLM offers an input-processing plugin hook (e.g. an async prompt transform) on the "
                     "engine client.",
     ),

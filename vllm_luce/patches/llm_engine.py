@@ -14,6 +14,7 @@ def _make_wrapper(original):
     @functools.wraps(original)
     def add_request(self, request_id, prompt, params, *args, **kwargs):
         from vllm_luce import request_args
+        from vllm_luce.kvflash import frontend as kvflash_frontend
         from vllm_luce.pflash import frontend
 
         request_args.check(params)  # a bad luce_dflash / luce_pflash value: vLLM answers the ValueError with a 400
@@ -26,6 +27,7 @@ def _make_wrapper(original):
             except Exception as e:  # noqa: BLE001 - the request goes on uncompressed
                 answer = frontend.rpc_failed(e)
             prompt = frontend.compressed_prompt(prompt, answer, request_id, self)
+        kvflash_frontend.check(self, prompt, params)  # a prompt KVFlash could never serve: a ValueError naming the setting
         return original(self, request_id, prompt, params, *args, **kwargs)
 
     return add_request

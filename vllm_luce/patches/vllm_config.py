@@ -23,7 +23,7 @@ def _make_wrapper(original):
         # the feature installs of vllm_luce/hooks.py in table order: the DFlash gate, KVFlash, PFlash
         done = {hook.feature: hook.function()(self, luce) for hook in hooks.features(hooks.AFTER_CHECKS)}
         gated, kvflash, pflash = done["DFlash"], done["KVFlash"], done["PFlash"]
-        if pflash or gated:
+        if pflash or gated or (kvflash and not kvflash.startswith("SFI")):
             from vllm_luce.patches import apply_engine_client_patches
 
             apply_engine_client_patches(pflash=bool(pflash))

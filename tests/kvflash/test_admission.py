@@ -1,0 +1,82 @@
+"""The scheduler's side of KVFlash's tiers: cold chunks in free KV blocks first, host memory reserved before any
+page-out, requests held back instead of chunks dropped."""
+
+from vllm_luce.kvflash.admission import AdmissionConfig, HostAdmission
+from vllm_luce.kvflash.host_ledger import HostLedger
+
+CHUNK_BYTES = 1000
+
+
+def config(**kw):
+    base = dict(chunk_tokens=64, pool_chunks=8, block_size=16, chunk_bytes=CHUNK_BYTES, request_bytes=10 * CHUNK_BYTES)
+    return AdmissionConfig(**{**base, **kw})
+
+
+def test_chunks_split_between_the_pool_free_blocks_and_host_memory():
+    c = config()
+    pool_blocks = 8 * 64 // 16
+    assert c.host_chunks(8 * 64, pool_blocks) == 0  # the pool holds it
+    assert c.host_chunks(8 * 64 + 1, pool_blocks) == 1  # one chunk beyond, no cold block
+    assert c.cold_blocks_wanted(20 * 64, pool_blocks) == 12 * 4  # 12 cold chunks of 4 blocks
+    assert c.host_chunks(20 * 64, pool_blocks + 12 * 4) == 0
+    assert c.host_chunks(20 * 64, pool_blocks + 5 * 4 + 3) == 7  # 5 whole cold chunks in 23 blocks
+    assert config(gpu_cold=False).cold_blocks_wanted(20 * 64, pool_blocks) == 0
+    assert c.max_tokens() == (8 + 10) * 64 and c.max_tokens(lookahead=15) == 18 * 64 - 15
+
+
+def test_blocks_that_do_not_divide_chunks_count_whole_positions_only():
+    c = config(block_size=48)  # a chunk straddles blocks
+    assert c.cold_chunks(11) == 11 * 48 // 64 - 8 == 0
+    assert c.cold_chunks(14) == 2
+    blocks = 11 + c.cold_blocks_wanted(10 * 64, 11)
+    assert c.cold_chunks(blocks) >= 2 and c.host_chunks(10 * 64, blocks) == 0
+
+
+def test_holds_commit_and_release_against_a_shared_budget(tmp_path):
+    ledger = HostLedger(str(tmp_path / "ledger"), 5 * CHUNK_BYTES)
+    a = HostAdmission(config(), ledger)
+    assert a.hold("r1", 3 * CHUNK_BYTES) and a.hold("r2", 2 * CHUNK_BYTES)
+    assert not a.hold("r3", 1) and a.end_step() == 1  # the budget is spent: r3 waits
+    assert ledger.held() == 0  # nothing allocated this step: the reservations went back
+    assert a.hold("r1", 3 * CHUNK_BYTES)
+    a.commit("r1", 3 * CHUNK_BYTES)
+    assert a.end_step() == 0 and ledger.held() == 3 * CHUNK_BYTES
+    assert a.hold("r1", 1 * CHUNK_BYTES) and a.total() == 3 * CHUNK_BYTES  # a reservation never shrinks while it runs
+    a.release("r1")
+    assert ledger.held() == 0
+
+
+def test_a_request_s_share_bounds_it_whatever_the_budget(tmp_path):
+    a = HostAdmission(config(request_bytes=4 * CHUNK_BYTES), HostLedger(str(tmp_path / "ledger"), 100 * CHUNK_BYTES))
+    assert a.hold("greedy", 4 * CHUNK_BYTES) and not a.hold("greedy", 5 * CHUNK_BYTES)
+    assert a.pending["greedy"] == 4 * CHUNK_BYTES  # the refused ask left the earlier one in place
+    assert a.hold("other", 4 * CHUNK_BYTES)
+
+
+def test_pinned_memory_is_used_before_pageable(tmp_path):
+    ledger = HostLedger(str(tmp_path / "ledger"), 10 * CHUNK_BYTES)
+    assert ledger.hold("pinned", 4 * CHUNK_BYTES)  # the engine's worker pinned at startup
+    a = HostAdmission(config(), ledger, pinned=4 * CHUNK_BYTES)
+    assert a.hold("r", 4 * CHUNK_BYTES) and ledger.mine("pageable") == 0
+    assert a.hold("r", 10 * CHUNK_BYTES) and ledger.mine("pageable") == 6 * CHUNK_BYTES
+    assert not a.hold("s", 1)  # pinned 4 + pageable 6: the host's budget is spent
+
+
+def test_engines_sharing_a_host_never_pass_its_budget(tmp_path):
+    """Two engines (two processes' ledgers in this test: one per pid would be the same slot) take turns."""
+    path = str(tmp_path / "ledger")
+    first = HostAdmission(config(), HostLedger(path, 6 * CHUNK_BYTES))
+    assert first.hold("a", 6 * CHUNK_BYTES)
+    first.commit("a", 6 * CHUNK_BYTES)
+    first.end_step()
+    second_ledger = HostLedger(path, "auto")
+    assert second_ledger.held() == 6 * CHUNK_BYTES and not second_ledger.hold("pinned", 1)
+    first.release("a")
+    assert second_ledger.hold("pinned", 6 * CHUNK_BYTES)
+
+
+def test_without_a_ledger_reservations_are_counted_but_not_bounded():
+    a = HostAdmission(config(request_bytes=10**12))
+    assert a.hold("r", 7 * CHUNK_BYTES) and a.unbudgeted == 7 * CHUNK_BYTES
+    a.release("r")
+    assert a.unbudgeted == 0
