@@ -18,8 +18,8 @@ def prompt(n, seed):
     return [rng.randrange(5, 1000) for _ in range(n)]
 
 
-def spec(model, prompts, pool=None, **extra):
-    luce = {"luce": {"kvflash": {"pool_tokens": pool}}} if pool else {}
+def spec(model, prompts, pool=None, gpu_cold=True, **extra):
+    luce = {"luce": {"kvflash": {"pool_tokens": pool, "gpu_cold": gpu_cold}}} if pool else {}
     return {"model": str(model), "prompts": prompts, "max_tokens": 32, "rpc": ["kvflash"],
             "llm": llm_args(max_model_len=4096, dtype="bfloat16", additional_config=luce), **extra}
 
@@ -36,16 +36,24 @@ def test_pool_covering_the_context_gives_vllms_tokens(tiny_model, tmp_path, runn
 
 @pytest.mark.skipif(TP != 1, reason="the scheduler probe runs in-process")
 @pytest.mark.parametrize("runner", sorted(RUNNERS))
-def test_prompt_8x_the_pool_completes_within_the_pool_and_pages_bit_exact(tiny_model, tmp_path, runner):
-    model = tiny_model("laguna")
-    out = run_engine(spec(model, [prompt(8 * POOL + 100, 5), prompt(3 * POOL, 6)], POOL, kvflash_probe=True),
-                     tmp_path, VLLM_ENABLE_V1_MULTIPROCESSING="0", **RUNNERS[runner])
-    probe = out["kvflash_probe"]
-    assert [len(t) for t in out["tokens"]] == [32, 32]
+def test_prompt_8x_the_pool_completes_and_pages_bit_exact_in_either_tier(tiny_model, tmp_path, runner):
+    """The host tier alone: the scheduler holds at most the pool's blocks and every chunk paged back in reads back as
+    paged out. Cold chunks in free KV blocks (the default): blocks lent beyond the pool, no byte to the host, and the
+    host tier's tokens (the same bytes attended)."""
+    model, prompts = tiny_model("laguna"), [prompt(8 * POOL + 100, 5), prompt(3 * POOL, 6)]
+    host, cold = side_by_side(*[
+        (run_engine, (spec(model, prompts, POOL, kvflash_probe=True, **extra), tmp_path),
+         {"name": f"{name}-{runner}", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **RUNNERS[runner]})
+        for name, extra in (("host", {"gpu_cold": False}), ("cold", {}))])
+    assert [len(t) for t in host["tokens"]] == [32, 32]
+    probe, stats = host["kvflash_probe"], host["kvflash"][0]
     assert 0 < probe["most_blocks"] <= probe["pool_blocks"], probe
-    stats = out["kvflash"][0]
-    assert stats["page_outs"] >= (8 * POOL - POOL) // 64, stats
-    assert probe["loads_checked"] == probe["loads_exact"], probe
+    assert stats["page_outs"] >= (8 * POOL - POOL) // 64 and stats["cold_outs"] == 0, stats
+    assert probe["loads_checked"] == probe["loads_exact"] > 0, probe
+    probe, stats = cold["kvflash_probe"], cold["kvflash"][0]
+    assert probe["most_blocks"] > probe["pool_blocks"], probe
+    assert stats["cold_outs"] == stats["page_outs"] >= (8 * POOL - POOL) // 64 and stats["bytes_out"] == 0, stats
+    assert cold["tokens"] == host["tokens"]
 
 
 F, S = "full_attention", "sliding_attention"

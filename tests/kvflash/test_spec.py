@@ -51,3 +51,16 @@ def test_pooled_group_names_why_kvflash_cannot_pool_a_model():
         pooled_group(config(full, sliding))
     with pytest.raises(RuntimeError, match=r"into 2 KV cache groups of \[2, 2\] layers.*turn luce.kvflash off"):
         pooled_group(config(pooled, sliding, pooled))
+
+
+def test_cold_rows_widen_the_block_table_but_not_what_a_request_must_have():
+    from types import SimpleNamespace
+
+    from vllm_luce.kvflash.spec import MAX_CHUNK
+
+    _, full, _ = specs()
+    config = SimpleNamespace(model_config=SimpleNamespace(max_model_len=65536))
+    capped, cold = (KVFlashSpec.from_full_attention(full, pool_tokens=4096, cold_rows=c) for c in (False, True))
+    assert capped.max_num_blocks_per_req(config, 65536) == 4096 // 16
+    assert cold.max_num_blocks_per_req(config, 65536) == (65536 + MAX_CHUNK) // 16  # room for every cold chunk
+    assert cold.max_memory_usage_bytes(config) == capped.max_memory_usage_bytes(config) == 256 * full.page_size_bytes

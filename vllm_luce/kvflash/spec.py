@@ -59,8 +59,9 @@ class KVFlashSpec(FullAttentionSpec):
         return min(self.pool_blocks, blocks)
 
     def max_memory_usage_bytes(self, vllm_config) -> int:
-        return self.max_num_blocks_per_req(vllm_config, vllm_config.model_config.max_model_len) \
-            * self.page_size_bytes
+        """What a request must have: its pool (blocks lent for cold chunks are free blocks, never required)."""
+        blocks = cdiv(vllm_config.model_config.max_model_len, self.block_size)
+        return (blocks if self.pool_blocks is None else min(self.pool_blocks, blocks)) * self.page_size_bytes
 
     @property
     def prefix_cacheable(self) -> bool:
