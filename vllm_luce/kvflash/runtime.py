@@ -43,7 +43,7 @@ from vllm_luce.kvflash.settings import resolve_pinned_bytes
 from vllm_luce.kvflash.sfi import RequestSelection
 from vllm_luce.log import logger, tag
 
-PIN_BYTES_PER_S = 2.35 * 2**30  # what a host pins a second, for the start line's estimate
+PIN_BYTES_PER_S = 1.1 * 2**30  # what a host pins a second, for the start line's estimate (docs/kvflash.md, Limits)
 
 
 class KVFlashRuntime:
