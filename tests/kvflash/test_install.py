@@ -51,3 +51,20 @@ def test_the_scheduler_class_carries_kvflashs_prompt_end_hook(current, async_sch
 def test_a_users_own_scheduler_class_is_refused_naming_the_flag():
     with pytest.raises(LuceConfigError, match="--scheduler-cls my.Scheduler"):
         install_kvflash(vllm_config(scheduler_cls="my.Scheduler"), luce())
+
+
+@pytest.mark.parametrize("architectures, environ, message", [
+    (["LlamaForCausalLM"], {}, "architecture LlamaForCausalLM is not served by a vllm-luce executor"),
+    (["Qwen3_5ForConditionalGeneration"], {"VLLM_LUCE_EXECUTORS": "off"}, "VLLM_LUCE_EXECUTORS=off"),
+])
+def test_an_architecture_kvflash_cannot_attach_to_stops_startup_before_the_weights(architectures, environ, message,
+                                                                                   monkeypatch):
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    config = vllm_config()
+    config.model_config = SimpleNamespace(architectures=architectures)
+    with pytest.raises(LuceConfigError, match=f"luce.kvflash: .*{message}"):
+        install_kvflash(config, luce())
+    monkeypatch.delenv("VLLM_LUCE_EXECUTORS", raising=False)
+    config.model_config = SimpleNamespace(architectures=["Gemma4ForCausalLM"])
+    assert install_kvflash(config, luce())

@@ -42,6 +42,7 @@ def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
         raise LuceConfigError("luce.kvflash.policy: got 'attention'; it reads every chunk's keys, which only "
                               "selection 'sfi' keeps resident (page mode keeps cold chunks on the host): set "
                               "luce.kvflash.selection to 'sfi', or use 'qk'")
+    check_architecture(vllm_config)
     try:
         cfg = pager_config_from(kv)
     except KVFlashConfigError as e:
@@ -62,6 +63,23 @@ def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
     if not sched.long_prefill_token_threshold or sched.long_prefill_token_threshold > step:
         hooks.bind("vllm.config.scheduler:SchedulerConfig.long_prefill_token_threshold", sched, step)
     return f"pool {cfg.pool_tokens} tokens, chunks of {cfg.chunk_tokens}, policy {kv.policy}, step <= {step} tokens"
+
+
+def check_architecture(vllm_config: Any) -> None:
+    """KVFlash attaches to the Luce executors: any other architecture stops startup here, before the weights load."""
+    from vllm_luce.model_executor.registry import EXECUTORS, EXECUTORS_ENV, executors_mode
+
+    model = getattr(vllm_config, "model_config", None)
+    architectures = list(getattr(model, "architectures", None) or [])
+    if not architectures:  # nothing to check against (a config without a model, unit tests)
+        return
+    if executors_mode() == "off":
+        raise LuceConfigError(f"luce.kvflash: {EXECUTORS_ENV}=off serves the model with vLLM's own classes, which "
+                              "KVFlash cannot attach to; unset it or turn luce.kvflash off")
+    if not set(architectures) & set(EXECUTORS):
+        raise LuceConfigError(f"luce.kvflash: the model's architecture {', '.join(architectures)} is not served by a "
+                              f"vllm-luce executor (KVFlash attaches to {', '.join(EXECUTORS)}); turn luce.kvflash off "
+                              "for this model")
 
 
 def _install_scheduler(sched: Any) -> None:
