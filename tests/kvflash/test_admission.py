@@ -80,3 +80,14 @@ def test_without_a_ledger_reservations_are_counted_but_not_bounded():
     assert a.hold("r", 7 * CHUNK_BYTES) and a.unbudgeted == 7 * CHUNK_BYTES
     a.release("r")
     assert a.unbudgeted == 0
+
+
+def test_a_running_request_refused_and_preempted_counts_as_held_back(tmp_path):
+    """vLLM preempts a running request whose step cannot be allocated, and releases it at once: it still counts."""
+    a = HostAdmission(config(), HostLedger(str(tmp_path / "ledger"), 4 * CHUNK_BYTES))
+    assert a.hold("running", 4 * CHUNK_BYTES)
+    a.commit("running", 4 * CHUNK_BYTES)
+    assert a.end_step() == 0
+    assert not a.hold("running", 5 * CHUNK_BYTES) and not a.hold("running", 5 * CHUNK_BYTES)  # asked again: once
+    a.release("running")  # preempted
+    assert a.end_step() == 1 and a.refusals == 1

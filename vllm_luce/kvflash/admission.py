@@ -70,7 +70,8 @@ class HostAdmission:
     pinned: int = 0  # the engine's workers' pinned bytes: reservations use them first
     reserved: dict[str, int] = field(default_factory=dict)  # request -> bytes (the most it has needed)
     pending: dict[str, int] = field(default_factory=dict)  # request -> bytes asked for this step, not yet committed
-    held_back: set[str] = field(default_factory=set)  # requests refused this step
+    held_back: set[str] = field(default_factory=set)  # requests refused this step (waiting, or running and preempted)
+    refusals: int = 0  # requests refused, once a step each, summed over steps
     unbudgeted: int = 0  # total with no ledger
 
     def total(self) -> int:
@@ -89,6 +90,7 @@ class HostAdmission:
                 del self.pending[req_id]
             else:
                 self.pending[req_id] = previous
+            self.refusals += req_id not in self.held_back
             self.held_back.add(req_id)
             return False
         self.held_back.discard(req_id)
@@ -104,11 +106,11 @@ class HostAdmission:
         """A finished or preempted request: its reservation returns."""
         self.reserved.pop(req_id, None)
         self.pending.pop(req_id, None)
-        self.held_back.discard(req_id)
         self._sync()
 
     def end_step(self) -> int:
-        """After the scheduler's step: reservations that were not allocated return; the number held back."""
+        """After the scheduler's step: reservations that were not allocated return; the number of requests held back
+        in it (a running request refused is preempted by vLLM, and counts too)."""
         if self.pending:
             self.pending.clear()
             self._sync()

@@ -88,10 +88,8 @@ def report(admission: HostAdmission, labels: dict, step_end: bool = True) -> Non
     """After the scheduler's step (``step_end``: reservations not allocated go back, the requests held back are
     counted) or its outputs (finished requests have returned theirs): the tiers' state into metrics."""
     if step_end:
-        held_back = admission.end_step()
-        metrics.set_gauge("kvflash_held_back_requests", held_back, **labels)
-        if held_back:
-            metrics.inc("kvflash_held_back_steps", held_back, **labels)
+        metrics.set_gauge("kvflash_held_back_requests", admission.end_step(), **labels)
+        metrics.set_total("kvflash_held_back_steps", admission.refusals, **labels)
     metrics.set_gauge("kvflash_host_reserved_bytes", admission.total(), **labels)
     if admission.ledger is not None:
         metrics.set_gauge("kvflash_host_budget_bytes", admission.ledger.budget, **labels)
@@ -103,7 +101,8 @@ def publish_facts(vllm_config, facts: dict) -> None:
     key = str(vllm_config.instance_id)
     _FACTS[key] = facts
     folder = os.environ.get(DIR_ENV)
-    if folder and os.path.isdir(folder):
+    if folder:  # named by the API server at startup; its processes' first metric snapshot may not have made it yet
+        os.makedirs(folder, exist_ok=True)
         path = os.path.join(folder, FACTS_FILE.format(key))
         with open(path + f".{os.getpid()}", "w") as f:
             json.dump(facts, f)
