@@ -1,0 +1,46 @@
+"""The load-and-fault suite at CPU scale (``python -m benchmarks.load_fault --scale cpu``) through a real `vllm serve`
+with DFlash, KVFlash and PFlash on: 8 streams for 60 s, client disconnects and aborts in every phase, a KV cache of 106
+blocks (vLLM preempts), a host budget of 40 chunks (requests are held back), greedy canaries against the same
+canaries run alone. Every check of the suite must pass; what each one promises is in docs/operations.md, "Load and
+faults (the suite)". About 2-3 minutes on the 2-core CI machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    work = tmp_path_factory.mktemp("load-fault")
+    out = work / "load_fault.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.load_fault", "--scale", "cpu", "--json", str(out),
+                           "--workdir", str(work)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    print(proc.stdout[-6000:], proc.stderr[-3000:])
+    assert out.is_file(), f"no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return {"exit": proc.returncode, **json.loads(out.read_text()), "log": (work / "serve.log").read_text(
+        errors="replace")}
+
+
+def test_every_check_of_the_suite_passes(report):
+    failed = {name: check["detail"] for name, check in report["checks"].items() if not check["ok"]}
+    assert failed == {}, json.dumps(failed, indent=1) + "\nserver log tail:\n" + report["log"][-3000:]
+    assert report["exit"] == 0 and report["passed"]
+
+
+def test_the_load_reached_every_pressure_the_suite_promises(report):
+    """Not only no failure: the run did what it is for (each is also a check; here with the figures)."""
+    summary = report["summary"]
+    assert summary["load_requests"] >= 40, summary
+    assert all(row["aborted"] > 0 for fault, row in summary["faults"].items() if fault != "none"), summary["faults"]
+    assert summary["preemptions"] > 0 and summary["held_back_steps"] > 0 and summary["chunks_dropped"] == 0
+    assert summary["host_page_outs"] > 0 and summary["pflash_outcomes"].get("compressed", 0) > 0
+    assert summary["canaries"]["greedy_compared"] >= len(report["profile"]["canaries"])
