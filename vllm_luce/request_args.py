@@ -42,7 +42,12 @@ def check(params: Any) -> None:
         return
     for key in SWITCHES:
         if key in extra and _normalized(extra[key]) not in _OFF | _ON:
-            raise _error_class()(f"vllm_xargs.{key}: got {extra[key]!r}; expected \"on\" or \"off\"")
+            raise bad_request(f"vllm_xargs.{key}: got {extra[key]!r}; expected \"on\" or \"off\"")
+
+
+def bad_request(message: str) -> ValueError:
+    """A ValueError that vLLM's servers answer with HTTP 400: in a stream, an error event with code 400."""
+    return _error_class()(message)
 
 
 @functools.cache

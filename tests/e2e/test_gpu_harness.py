@@ -13,7 +13,7 @@ def test_engine_reports_tokens_class_counters_and_the_kvflash_probe(tiny_model, 
     spec = {"model": str(tiny_model("laguna")), "prompts": [list(range(5, 900))], "max_tokens": 8, "rpc": ["kvflash"],
             "kvflash_probe": True,
             "llm": llm_args(max_model_len=2048, dtype="bfloat16", enforce_eager=True,
-                            additional_config={"luce": {"kvflash": {"pool_tokens": 384}}})}
+                            additional_config={"luce": {"kvflash": {"pool_tokens": 384, "gpu_cold": False}}})}
     luce = run_engine(spec, tmp_path, **CPU)
     assert luce["class"] == "LuceLagunaForCausalLM" and len(luce["tokens"][0]) == 8
     assert luce["kvflash"][0]["bound"] and luce["kvflash"][0]["page_outs"] > 0

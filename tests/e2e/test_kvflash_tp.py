@@ -18,6 +18,8 @@ from fixtures.trained import trained_model
 pytestmark = pytest.mark.e2e
 
 POOL, PROMPT, GEN = 512, 4096, 24  # a prompt 8x the pool
+# The host tier (gpu_cold off), where the pool caps every request's blocks; the cold tier lends free blocks beyond
+# it (tests/e2e/test_kvflash_tiers.py).
 
 
 def _record_residency(worker):
@@ -42,7 +44,7 @@ def llm():
     mp.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     engine = LLM(str(trained_model("qwen36-target")), tensor_parallel_size=2, distributed_executor_backend="mp",
                  max_model_len=PROMPT + 64, enforce_eager=True, dtype="bfloat16", enable_prefix_caching=False,
-                 additional_config={"luce": {"kvflash": {"pool_tokens": POOL, "policy": "qk"}}})
+                 additional_config={"luce": {"kvflash": {"pool_tokens": POOL, "policy": "qk", "gpu_cold": False}}})
     engine.collective_rpc(_record_residency)
     yield engine
     mp.undo()

@@ -1,7 +1,7 @@
 """KVFlash on the engine client: a prompt whose paged-out KV could never fit one request's share of host memory is
-refused before it reaches the engine, with an error that names the setting (vLLM answers the ValueError with an
-HTTP 400), as vLLM refuses a prompt beyond max_model_len. Let in, it would wait for host memory forever. The limit
-is the engine's (``engine_tiers.publish_facts``: its chunk bytes, pool and share)."""
+refused before it reaches the engine, with an error that names the setting: HTTP 400, or in a stream already begun
+an error event with code 400, as vLLM answers its own admission control's refusals. Let in, it would wait for host
+memory forever. The limit is the engine's (``engine_tiers.publish_facts``: its chunk bytes, pool and share)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ def prompt_tokens(prompt: Any) -> int | None:
 def check(engine: Any, prompt: Any, params: Any) -> None:
     """Raise a ValueError naming ``luce.kvflash.host_request_bytes`` for a prompt KVFlash could never serve."""
     from vllm_luce.kvflash.engine_tiers import read_facts
+    from vllm_luce.request_args import bad_request
 
     vllm_config = getattr(engine, "vllm_config", None)
     facts = read_facts(vllm_config) if vllm_config is not None else None
@@ -27,7 +28,7 @@ def check(engine: Any, prompt: Any, params: Any) -> None:
     n = prompt_tokens(prompt)
     if n is None or n < facts["max_tokens"]:
         return
-    raise ValueError(
+    raise bad_request(
         f"luce.kvflash.host_request_bytes: this prompt of {n} tokens would page out more KV than one request may hold "
         f"in host memory ({facts['request_bytes']} bytes, {facts['chunk_bytes']} bytes per chunk beyond a pool of "
         f"{facts['pool_tokens']} tokens): KVFlash serves up to {facts['max_tokens'] - 1} prompt tokens here; raise "
