@@ -8,6 +8,7 @@ import json
 import pytest
 
 from tests.e2e.dflash_probe import engine
+from fixtures.serve_load import TIE_NATS
 from tests.e2e.test_kvflash import blocks_held, greedy, kvflash, kvflash_manager, make_llm, prompt, runtime
 from vllm_luce.kvflash.policies import Scorer
 from vllm_luce.metrics import STORE
@@ -38,19 +39,46 @@ def qwen(tiny_model):
     return tiny_model("qwen3_6")
 
 
+def greedy_with_gaps(llm, prompts) -> tuple[list[list[int]], list[list[float]]]:
+    """Greedy tokens, and at each position the gap in nats between the top two tokens."""
+    from vllm import SamplingParams
+
+    outs = llm.generate(prompts, SamplingParams(max_tokens=GEN, temperature=0, ignore_eos=True, logprobs=2),
+                        use_tqdm=False)
+    gaps = []
+    for out in outs:
+        tops = [sorted((lp.logprob for lp in step.values()), reverse=True) for step in out.outputs[0].logprobs]
+        gaps.append([top[0] - top[1] if len(top) > 1 else float("inf") for top in tops])
+    return [list(o.outputs[0].token_ids) for o in outs], gaps
+
+
+def first_differences_beyond_a_near_tie(tokens, reference, gaps) -> list[str]:
+    """Requests whose tokens differ from the reference's first where the reference's top two are more than
+    ``TIE_NATS`` apart. Within a near-tie either token is greedy: a batch of another composition rounds bf16
+    otherwise (on the AVX2 CPU path a request run after the others flips a 0.004-nat tie)."""
+    bad = []
+    for i, (got, want, gap) in enumerate(zip(tokens, reference, gaps)):
+        at = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), None)
+        if len(got) != len(want) or (at is not None and gap[at] > TIE_NATS):
+            where = "-" if at is None else f"{gap[at]:.4f}"
+            bad.append(f"request {i}: {len(got)} tokens, first difference at {at} (top-2 gap {where} nats)")
+    return bad
+
+
 @pytest.fixture(scope="module")
 def host_tier(qwen):
-    """Cold chunks in host memory only, every reselection swapping: the reference tokens and paging."""
+    """Cold chunks in host memory only, every reselection swapping: the reference tokens, their top-2 gaps and
+    paging."""
     llm = make_llm(qwen, kvflash(POOL, gpu_cold=False))
     runtime(llm).policy = Scorer(hashed_scores)
     prompts = [prompt(n, i) for i, n in enumerate(PROMPTS)]
-    tokens, stats = greedy(llm, prompts, gen=GEN), runtime(llm).stats()
+    (tokens, gaps), stats = greedy_with_gaps(llm, prompts), runtime(llm).stats()
     del llm
-    return prompts, tokens, stats
+    return prompts, tokens, stats, gaps
 
 
 def test_cold_chunks_live_in_free_kv_blocks_and_give_the_host_tiers_tokens(qwen, host_tier):
-    prompts, reference, host_stats = host_tier
+    prompts, reference, host_stats, _ = host_tier
     llm = make_llm(qwen, kvflash(POOL))
     runtime(llm).policy = Scorer(hashed_scores)
     pool = kvflash_manager(llm).block_pool
@@ -70,10 +98,10 @@ def test_cold_chunks_live_in_free_kv_blocks_and_give_the_host_tiers_tokens(qwen,
 def test_a_host_budget_smaller_than_the_load_holds_requests_back_and_drops_nothing(qwen, host_tier, tmp_path):
     """Three long prompts whose page-outs (up to 32, 25 and 17 chunks) exceed a budget of 40 chunks: each waits until
     host memory frees, the host never holds more than the budget, nothing is dropped, and the tokens are those of the
-    unbounded run."""
+    unbounded run up to a near-tie (a request held back runs in other batches)."""
     from vllm import SamplingParams
 
-    prompts, reference, _ = host_tier
+    prompts, reference, _, gaps = host_tier
     budget = 40 * chunk_bytes(qwen)
     llm = make_llm(qwen, kvflash(POOL, gpu_cold=False, host_bytes=budget, host_ledger=str(tmp_path / "ledger")))
     runtime(llm).policy = Scorer(hashed_scores)
@@ -86,7 +114,7 @@ def test_a_host_budget_smaller_than_the_load_holds_requests_back_and_drops_nothi
         return granted
 
     ledger.hold = watched
-    assert greedy(llm, prompts, gen=GEN) == reference
+    assert first_differences_beyond_a_near_tie(greedy(llm, prompts, gen=GEN), reference, gaps) == []
     stats = runtime(llm).stats()
     assert 0 < peak[0] <= budget and stats["dropped"] == 0 and stats["bytes_out"] > budget
     llm.llm_engine.step()  # the step that tells the worker which requests finished (a server's loop runs it at once)
