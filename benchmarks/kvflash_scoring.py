@@ -51,12 +51,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable as a sc
 from benchmarks import report  # noqa: E402
 from benchmarks.gpu_timing import copy_bandwidth, device_info, timed  # noqa: E402
 from vllm_luce.kernels.chunk_bounds import bound_scores, bound_scores_naive  # noqa: E402
+from vllm_luce.kernels.chunk_bounds.naive import outward_fp8  # noqa: E402
 from vllm_luce.kernels.chunk_salient import salient_scores, salient_scores_naive  # noqa: E402
 from vllm_luce.kernels.chunk_salient.naive import pack_int4  # noqa: E402
 from vllm_luce.kernels.chunk_score import chunk_scores, chunk_scores_naive  # noqa: E402
 from vllm_luce.kvflash.host_pool import PinnedChunkPool  # noqa: E402
 from vllm_luce.kvflash.kv_store import PACKED_LAYOUT, PagedPoolStore  # noqa: E402
-from vllm_luce.kvflash.policies import QK, Bounds, Salient, outward_fp8  # noqa: E402
+from vllm_luce.kvflash.policies import QK, Bounds, Salient  # noqa: E402
 from vllm_luce.kernels.scored_dims import FAST_PAIRS, ScoredDims  # noqa: E402
 
 LAYERS, HQ, HKV, D, BLOCK, CHUNK = 36, 32, 8, 128, 16, 64

@@ -1,12 +1,14 @@
-"""Snapshot the signature of every ledger target in each supported vLLM release, from its PyPI wheel.
+"""Snapshot every vLLM name vllm-luce relies on in each supported vLLM release, from its PyPI wheel.
 
     python scripts/vllm_signatures.py            # every supported version (downloads the wheels once)
     python scripts/vllm_signatures.py 0.26.0     # one version
 
-Writes tests/patches/vllm_signatures/<version>.json: {target: signature or null where the release lacks
-it}, read by tests/patches/test_ledger_versions.py, which checks the ledger against every version the
-README claims. Wheels are cached in $VLLM_LUCE_WHEELS (default /tmp/vllm-wheels); only the Python
-sources are read, nothing is imported or installed.
+Writes tests/patches/vllm_signatures/<version>.json: {name: what the release has there}, for every patch target of
+the ledger and every name a row of vllm_luce/hooks.py checks: a function's signature, "class", "attribute", or
+null where the release lacks it (``patches.signatures.in_tree``). tests/patches/test_ledger_versions.py checks the
+ledger and the hook table against every version the README claims. A wheel is downloaded into $VLLM_LUCE_WHEELS
+(default /tmp/vllm-wheels), its Python sources extracted there (vllm-<version>-src/) and the wheel deleted; nothing
+is imported or installed.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -23,26 +24,38 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vllm_luce.compat import SNAPSHOT_RELEASES  # noqa: E402
+from vllm_luce.hooks import HOOKS  # noqa: E402
 from vllm_luce.patches import signatures  # noqa: E402
 from vllm_luce.patches.ledger import LEDGER  # noqa: E402
 
 OUT = ROOT / "tests" / "patches" / "vllm_signatures"
 
 
-def wheel(version: str, cache: Path) -> Path:
+def names() -> list[str]:
+    """Every name a snapshot records: the ledger's targets and every row's checks."""
+    return sorted({e.target for e in LEDGER} | {name for hook in HOOKS for name in hook.checks})
+
+
+def sources(version: str, cache: Path) -> Path:
+    """The release's Python sources (the wheel's vllm/*.py), extracted once."""
+    tree = cache / f"vllm-{version}-src"
+    if (tree / "vllm").is_dir():
+        return tree
     found = sorted(cache.glob(f"vllm-{version}-*.whl"))
     if not found:
         subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                         "--python-version", "3.12", "--platform", "manylinux_2_28_x86_64",
                         "-d", str(cache), f"vllm=={version}"], check=True)
         found = sorted(cache.glob(f"vllm-{version}-*.whl"))
-    return found[0]
+    with zipfile.ZipFile(found[0]) as whl:
+        whl.extractall(tree, [n for n in whl.namelist() if n.startswith("vllm/") and n.endswith(".py")])
+    found[0].unlink()  # hundreds of MB; the sources are all a snapshot reads
+    return tree
 
 
 def snapshot(version: str, cache: Path) -> dict[str, str | None]:
-    with tempfile.TemporaryDirectory() as tree, zipfile.ZipFile(wheel(version, cache)) as whl:
-        whl.extractall(tree, [n for n in whl.namelist() if n.startswith("vllm/") and n.endswith(".py")])
-        return {e.target: signatures.in_tree(Path(tree), e.target) for e in LEDGER}
+    tree = sources(version, cache)
+    return {name: signatures.in_tree(tree, name) for name in names()}
 
 
 def main(argv: list[str]) -> None:
@@ -53,7 +66,7 @@ def main(argv: list[str]) -> None:
         found = snapshot(version, cache)
         (OUT / f"{version}.json").write_text(json.dumps(found, indent=1, sort_keys=True) + "\n")
         missing = sorted(t for t, s in found.items() if s is None)
-        print(f"{version}: {len(found) - len(missing)} targets found, {len(missing)} absent {missing}")
+        print(f"{version}: {len(found) - len(missing)} names found, {len(missing)} absent {missing}")
 
 
 if __name__ == "__main__":

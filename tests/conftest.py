@@ -1,5 +1,6 @@
 """Shared test setup: vLLM's CPU environment and the tiny model fixtures (built once per session)."""
 
+import logging
 import os
 from pathlib import Path
 
@@ -47,3 +48,18 @@ def tiny_drafter(fixtures_root, tiny_model):
         return build_dflash_drafter(tiny_model(family), fixtures_root / f"{family}-dflash")
 
     return get
+
+
+@pytest.fixture
+def luce_log(caplog):
+    """caplog holding vllm-luce's lines, each once: its logger is vLLM's child, and once vLLM has set up logging, its
+    logger does not propagate to the root logger that caplog listens on; before that, it does."""
+    logger = logging.getLogger("vllm.luce")
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(caplog.handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    yield caplog
+    logger.removeHandler(caplog.handler)
+    logger.setLevel(level)
+    logger.propagate = propagate

@@ -16,6 +16,12 @@ def test_every_feature_is_off_by_default():
     assert config.kvflash.chunk_tokens == 64
 
 
+def test_an_empty_section_switches_its_feature_on_with_the_defaults():
+    config = build({"kvflash": {}})
+    assert [f.name for f in config.active] == ["kvflash"]
+    assert config.kvflash.settings == {key: spec.default for key, spec in SCHEMA["kvflash"].items()}
+
+
 def test_other_additional_config_keys_are_not_ours():
     assert LuceConfig.from_sources({"gdn_prefill_backend": "auto"}, {}).active == []
 

@@ -7,7 +7,7 @@ idempotent and cheap: a version check, lazy "module:Class" registrations and one
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from vllm_luce.version import __version__  # noqa: F401 (the package's version, as pip reports it)
 
 _registered = False
 executors_description = "not registered"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-# The release series vllm-luce supports: 0.26 (the newest on torch 2.11, run on the lent GPUs),
+# The release series vllm-luce supports: 0.26 (the newest on torch 2.11, run by the GPU tier),
 # 0.32 (the CPU build CI runs) and 0.33. Keep in sync with pyproject's `vllm` extra and docs/reference.md's
 # compatibility table (tests/test_compat.py checks all three agree). The patch ledger records each
 # target's signature per series; tests/patches/vllm_signatures/ holds a snapshot of each release.

@@ -307,7 +307,7 @@ def _parse_env_value(raw: str) -> Any:
 def _build_feature(name: str, given: dict[str, tuple[Any, str]] | None) -> FeatureConfig:
     schema = SCHEMA[name]
     settings = {key: spec.default for key, spec in schema.items()}
-    if not given:
+    if given is None:  # the section does not appear; an empty one ({}) switches the feature on with its defaults
         return FeatureConfig(name, False, settings)
     enabled = True
     for key, (value, where) in given.items():

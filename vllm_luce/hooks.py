@@ -1,22 +1,25 @@
 """Every way vllm-luce touches vLLM, in one table (``HOOKS``), and the helpers that perform the touches.
 
-A row is one vLLM target and says its kind, the vllm-luce functions or modules that own it (``owners``,
-"module:qualname" or a patch module), the feature it serves and why. Patches add their ledger entry
-(``patches/ledger.py``: signatures per vLLM series, how, removal condition) and the stage at which
-``apply_patches`` applies them; feature installs say where vLLM runs them.
+A row is one touch: its kind, the vLLM target, the vllm-luce functions, methods or modules that own it (``owners``,
+"module:qualname" or a patch module), the feature it serves, why, how, when it can be removed, and ``checks``: the
+vLLM names it relies on, each checked against the snapshot of every supported vLLM release
+(``tests/patches/test_ledger_versions.py``): a function's signature (the ledger's for a patched target,
+``hook_signatures.py``'s for the others), or that a class or attribute exists. Patches add their ledger entry
+(``patches/ledger.py``) and the stage at which ``apply_patches`` applies them; feature installs say where vLLM runs
+them; subclass overrides are ``hook_overrides.py``'s records.
 
 Nothing binds to vLLM outside this table:
 
-* ``bind(target, obj, value)`` sets an attribute on a vLLM object (a rebinding or a setting) and
-  ``register(target, *args)`` calls a vLLM registry; both refuse a target that has no row, or a caller
-  that is not one of the row's owners.
+* ``bind(target, obj, value)`` sets an attribute on a vLLM object (a setting, a rebinding or an instance wrap) and
+  ``register(target, *args)`` calls a vLLM registry; both refuse a target that has no row, or a caller that is
+  not one of the row's owners.
 * ``patches.apply_patches`` and ``apply_engine_client_patches`` iterate the patch rows; the VllmConfig
   patch and the ``initialize_kv_cache`` patches run the feature-install rows.
-* ``tests/test_hooks.py`` scans vllm_luce/ for attribute stores, ``setattr`` and registry calls that do
-  not go through these helpers (attributes named ``luce_*``/``_luce_*`` are vllm-luce's own, on any
-  object), and checks that every owner exists.
+* ``tests/test_hooks.py`` scans vllm_luce/ for attribute stores, ``setattr`` and registry calls that do not go
+  through these helpers (attributes named ``luce_*``/``_luce_*`` are vllm-luce's own, on any object), fails on a
+  method of a vllm-luce class that overrides a vLLM method without a row, and checks that every owner exists.
 
-docs/architecture.md's hook table and patch ledger are rendered from here
+docs/vllm_touches.md (the hook table and the patch ledger) is rendered from here
 (``python -m tests.test_docs --write-ledger``).
 
 vllm-luce changes vLLM only where a feature or a vLLM bug needs it. The speed-ups of vLLM's CPU backend that only
@@ -27,19 +30,23 @@ serve this project's test hosts are not vllm-luce's: they are the test environme
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from vllm_luce.hook_overrides import EXECUTOR_BASES, OVERRIDES
 from vllm_luce.patches.ledger import LEDGER, LedgerEntry
 
 REGISTRY = "registry"
 CLASS_PATH = "class-path setting"
 SETTING = "config setting"
-PATCH = "patch"
 REBINDING = "attribute rebinding"
+INSTANCE_WRAP = "instance wrap"
+PATCH = "patch"
+OVERRIDE = "subclass override"
 FEATURE = "feature install"
-KINDS = (REGISTRY, CLASS_PATH, SETTING, PATCH, REBINDING, FEATURE)
+KINDS = (REGISTRY, CLASS_PATH, SETTING, REBINDING, INSTANCE_WRAP, PATCH, OVERRIDE, FEATURE)
 
 # When apply_patches and apply_engine_client_patches apply a patch row (stage of a PATCH row).
 STARTUP = "at register(), in every process"
@@ -67,6 +74,9 @@ class Hook:
     owners: tuple[str, ...]
     feature: str
     why: str
+    how: str
+    remove_when: str
+    checks: tuple[str, ...]  # vLLM names ("module:qualname") checked against every supported release's snapshot
     stage: str = ""
     ledger: LedgerEntry | None = None
 
@@ -85,21 +95,42 @@ def resolve(path: str) -> Any:
     return obj
 
 
-def _row(kind: str, target: str, owners, feature: str, why: str, stage: str = "") -> Hook:
-    return Hook(kind, target, (owners,) if isinstance(owners, str) else tuple(owners), feature, why, stage)
+def _row(kind: str, target: str, owners, feature: str, why: str, how: str, remove_when: str, stage: str = "",
+         checks: tuple[str, ...] | None = None) -> Hook:
+    owners = (owners,) if isinstance(owners, str) else tuple(owners)
+    return Hook(kind, target, owners, feature, why, how, remove_when, (target,) if checks is None else checks, stage)
 
 
-def _patch(target: str, feature: str, stage: str, why: str) -> Hook:
-    entry = next(e for e in LEDGER if e.target == target)
-    return Hook(PATCH, target, (entry.module,), feature, why, stage, entry)
+def _patch(target: str, feature: str, stage: str, why: str, *also_checked: str) -> Hook:
+    e = next(e for e in LEDGER if e.target == target)
+    return Hook(PATCH, target, (e.module,), feature, why, e.how, e.remove_when, (target, *also_checked), stage, e)
 
 
 L, P, X = "vllm_luce", "vllm_luce.patches", "vllm_luce.model_executor"
 KV, SD, PF = "vllm_luce.kvflash", "vllm_luce.spec_decode", "vllm_luce.pflash"
 SCHED_CONFIG, ENGINE_ARGS = "vllm.config.scheduler:SchedulerConfig", "vllm.engine.arg_utils:EngineArgs"
+SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
+V1_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
+V2_RUNNER = "vllm.v1.worker.gpu.model_runner:GPUModelRunner"
+V2_TABLES, SPECULATOR = "vllm.v1.worker.gpu.block_table:BlockTables", \
+    "vllm.v1.worker.gpu.spec_decode.dflash.speculator:DFlashSpeculator"
+DFLASH_MODEL, BUILDER = "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM", \
+    "vllm.v1.attention.backend:AttentionMetadataBuilder"
+PLUGINS = ("vllm.plugins:load_general_plugins", "vllm.plugins:DEFAULT_PLUGINS_GROUP")
 
-# Each ledger entry's feature, stage and purpose (the ledger holds signatures, how and removal condition).
-PATCHES: dict[str, tuple[str, str, str]] = {
+# Removal conditions several rows share.
+NEVER = "never: vLLM's own extension point"
+KV_WORKER_HOOK = ("vLLM offers a worker-side hook for a custom KV cache spec to own its slot mapping, attention "
+                  "metadata and request lifecycle")
+GATE_HOOK = "vLLM's dynamic speculation takes a runtime provider of the draft length per step and per request"
+KV_SCHEDULER_HOOK = "vLLM offers plugins scheduler hooks (per-request chunk length and admission)"
+WITH_SPEC_PATCH = "with the create_speculative_config patch (vLLM resolves drafters itself)"
+V2_PLAIN_STEPS = "vLLM's Model Runner V2 skips the drafter's forward on a step that asks for no drafts"
+STASH_026 = "vllm-luce drops vLLM 0.26 (the context stash serves 0.26 only)"
+
+# Each ledger entry's feature, stage, purpose and any other vLLM name it relies on (the ledger holds signatures,
+# how and removal condition).
+PATCHES: dict[str, tuple[str, ...]] = {
     "vllm.config.vllm:VllmConfig.__post_init__": (
         "config", STARTUP, "validate `--additional-config {\"luce\": ...}` before vLLM's checks; run the feature "
         "installs; log the active features"),
@@ -126,7 +157,8 @@ PATCHES: dict[str, tuple[str, str, str]] = {
     "vllm.v1.worker.gpu.model_runner:GPUModelRunner.initialize_kv_cache": (
         "KVFlash; PFlash", ON_IMPORT, "Model Runner V2: the same"),
     "vllm.v1.core.sched.scheduler:Scheduler._mamba_block_aligned_split": (
-        "KVFlash", SCHEDULER_START, "a pooled prompt's last token in a step of its own"),
+        "KVFlash", SCHEDULER_START, "a pooled prompt's last token in a step of its own",
+        "vllm.v1.core.sched.async_scheduler:AsyncScheduler._mamba_block_aligned_split"),
     "vllm.v1.engine.async_llm:AsyncLLM.add_request": (
         "PFlash; DFlash; KVFlash", ENGINE_CLIENT, "check per-request switches (an HTTP 400); compress eligible "
         "prompts; refuse a prompt beyond KVFlash's host share (an HTTP 400)"),
@@ -139,121 +171,173 @@ PATCHES: dict[str, tuple[str, str, str]] = {
 HOOKS: tuple[Hook, ...] = (
     # registries
     _row(REGISTRY, "entry point vllm.general_plugins: luce", f"{L}:register", "all",
-         "vLLM calls register() in every process (pyproject.toml); everything below starts there"),
+         "vLLM calls register() in every process (pyproject.toml); everything below starts there",
+         "pyproject.toml's entry point, which vLLM's load_general_plugins runs before it builds anything", NEVER,
+         checks=PLUGINS),
     _row(REGISTRY, "vllm.model_executor.models:ModelRegistry.register_model",
          (f"{X}.registry:register_executors", f"{X}.registry:register_drafters"), "executors; DFlash",
          "the Luce executors under the upstream architecture names (lazy \"module:Class\"); the DFlash "
-         "drafter class for DFlashDraftModel (non-finite guard, draft confidences)"),
+         "drafter class for DFlashDraftModel (non-finite guard, draft confidences)",
+         "lazy \"module:Class\" strings, imported when vLLM builds that architecture", NEVER,
+         checks=("vllm.model_executor.models:ModelRegistry",
+                 "vllm.model_executor.models.registry:_ModelRegistry.register_model")),
     _row(REGISTRY, "vllm.v1.kv_cache_spec_registry:KVCacheSpecRegistry._ensure_registered", f"{KV}.spec:_register",
-         "KVFlash", "private: vLLM fills its built-in specs only while the registry is empty, so they go first"),
+         "KVFlash", "private: vLLM fills its built-in specs only while the registry is empty, so they go first",
+         "called once, right before register", "vLLM registers its built-in specs whatever registers first"),
     _row(REGISTRY, "vllm.v1.kv_cache_spec_registry:KVCacheSpecRegistry.register", f"{KV}.spec:_register",
-         "KVFlash", "KVFlashSpec (per-request pool) and KVFlashManager, a group type of their own"),
+         "KVFlash", "KVFlashSpec (per-request pool) and KVFlashManager, a group type of their own",
+         "at kvflash/spec.py's import, with uniform_type_base_spec=KVFlashSpec", NEVER),
     _row(REGISTRY, "prometheus_client:REGISTRY.register", "vllm_luce.metrics:install", "metrics",
-         "the vllm:luce_* collector in the default registry vLLM serves at /metrics and LLM.get_metrics() reads"),
+         "the vllm:luce_* collector in the default registry vLLM serves at /metrics and LLM.get_metrics() reads",
+         "a collector (metrics/collector.py) that reads what every process wrote", NEVER,
+         checks=("vllm.v1.metrics.prometheus:get_prometheus_registry",)),
     # class-path settings
     _row(CLASS_PATH, f"{SCHED_CONFIG}.scheduler_cls", (f"{SD}.install:install_gate", f"{KV}.install:_install_scheduler"),
          "DFlash; KVFlash", "the gated scheduler when vLLM speculates with DFlash; else KVFlash's scheduler "
-         "(a pooled prompt's last token in a step of its own). Another user class stops startup"),
+         "(a pooled prompt's last token in a step of its own). Another user class stops startup",
+         "after vLLM's checks: the sync or async class, following async_scheduling",
+         "vLLM composes plugins' scheduler hooks (a draft-length provider, per-request chunking and admission)"),
     _row(CLASS_PATH, "vllm.config.parallel:ParallelConfig.worker_extension_cls", f"{PF}.install:_install_worker_extension",
-         "PFlash", "PFlash's scorer method on the worker, reached by collective_rpc"),
+         "PFlash", "PFlash's scorer method on the worker, reached by collective_rpc",
+         "after vLLM's checks: pflash.worker:PFlashWorkerExtension; a user's own extension stops startup", NEVER),
     # config settings
     _row(SETTING, "vllm.config.cache:CacheConfig.enable_prefix_caching", f"{KV}.install:before_vllm_checks",
          "KVFlash", "off: a pooled request's KV is not a function of its prefix (before vLLM's checks, which size "
-         "Mamba blocks from it)"),
+         "Mamba blocks from it)", "False, with a warning where the user set it",
+         "vLLM lets one KV cache group opt out of prefix caching while the others keep it"),
     _row(SETTING, f"{SCHED_CONFIG}.max_num_scheduled_tokens", f"{KV}.install:install_kvflash", "KVFlash",
-         "a step's new tokens must fit a request's pool beside the sinks"),
+         "a step's new tokens must fit a request's pool beside the sinks", "lowered to that, with a warning",
+         "never while KVFlash pools"),
     _row(SETTING, f"{SCHED_CONFIG}.long_prefill_token_threshold", f"{KV}.install:install_kvflash", "KVFlash",
-         "the same cap per request"),
+         "the same cap per request", "set where unset or higher, with a warning", "never while KVFlash pools"),
     _row(SETTING, f"{ENGINE_ARGS}.spec_model", f"{P}.engine_args:apply_dflash_defaults", "DFlash",
-         "`--speculative-model dflash` resolved to the drafter's path"),
+         "`--speculative-model dflash` resolved to the drafter's path", "in the create_speculative_config patch",
+         WITH_SPEC_PATCH),
     _row(SETTING, f"{ENGINE_ARGS}.spec_method", f"{P}.engine_args:apply_dflash_defaults", "DFlash",
-         "'dflash' where the user left it unset"),
+         "'dflash' where the user left it unset", "the same", WITH_SPEC_PATCH),
     _row(SETTING, f"{ENGINE_ARGS}.spec_tokens", f"{P}.engine_args:apply_dflash_defaults", "DFlash",
-         "the drafter's block size - 1 where the user left it unset"),
+         "the drafter's block size - 1 where the user left it unset", "the same", WITH_SPEC_PATCH),
     _row(SETTING, f"{ENGINE_ARGS}.speculative_config", f"{P}.engine_args:apply_dflash_defaults", "DFlash",
-         "the same defaults for `--speculative-config`"),
+         "the same defaults for `--speculative-config`", "the user's dict with the defaults filled", WITH_SPEC_PATCH),
     _row(SETTING, f"{ENGINE_ARGS}.max_num_seqs", f"{P}.engine_args:fit_draft_slots", "DFlash",
-         "where unset and vLLM's defaults leave no room for DFlash's draft slots in the step's token budget"),
+         "where unset and vLLM's defaults leave no room for DFlash's draft slots in the step's token budget",
+         "the largest power of two whose slots take at most half the budget, with a warning",
+         "vLLM sizes max_num_seqs for the draft slots itself"),
     _row(SETTING, "vllm.sampling_params:SamplingParams.extra_args", f"{P}.chat_completion_request:_make_wrapper",
-         "PFlash", "luce_pflash_skip: a tool or response-format request is never compressed"),
-    # attribute rebindings (instance attributes of one runner, layer or scheduler, unless said otherwise)
-    _row(REBINDING, "vllm.model_executor.models:<upstream model class>.__name__",
-         f"{X}.executor:LuceExecutor.__init_subclass__", "executors",
-         "on each Luce executor class: vLLM dispatches on model.__class__.__name__"),
-    _row(REBINDING, "vllm.model_executor.layers.attention:Attention.get_kv_cache_spec",
-         f"{X}.executor:pool_full_attention", "KVFlash",
-         "the full-attention layers that own their KV declare a KVFlashSpec"),
-    _row(REBINDING, "vllm.v1.core.sched.scheduler:Scheduler.dynamic_sd_lookup", f"{SD}.scheduler:DFlashGateMixin.__init__",
-         "DFlash", "the gate stands in for vLLM's dynamic-speculation table: K or 0 each step"),
-    _row(REBINDING, "vllm.v1.request:Request.spec_token_ids", f"{SD}.scheduler:DFlashGateMixin.schedule", "DFlash",
-         "emptied for a request that may not use its drafts this step (plain step, stopped or declined)"),
-    _row(REBINDING, "vllm.v1.core.sched.scheduler:Scheduler.need_mamba_block_aligned_split",
-         f"{KV}.scheduler:KVFlashSchedulerMixin.__init__", "KVFlash",
-         "so vLLM calls _mamba_block_aligned_split, the override that ends a pooled prompt alone"),
-    _row(REBINDING, "vllm.v1.request:Request.max_tokens", f"{KV}.scheduler:KVFlashSchedulerMixin.add_request",
-         "KVFlash", "a request stops (finish reason length) where its context would need more host memory than "
-         "luce.kvflash.host_request_bytes, as at max_model_len"),
-    _row(REBINDING, "vllm.v1.worker.block_table:BlockTable.compute_slot_mapping", f"{KV}.worker:_bind_slot_mapping",
-         "KVFlash", "V1: the pooled group's slots come from the pagers instead of row[pos // block]"),
-    _row(REBINDING, "vllm.v1.worker.utils:AttentionGroup.metadata_builders",
-         (f"{KV}.worker:bind_v1", f"{KV}.worker_v2:bind_v2"), "KVFlash",
-         "wrapped builders: attention reads the resident tokens only"),
-    _row(REBINDING, "vllm.v1.attention.backend:AttentionImpl.forward", f"{KV}.worker:_capture_queries", "KVFlash",
-         "the pooled layers' queries, observed for the QK policy"),
-    _row(REBINDING, "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states", f"{KV}.worker:_bind_release",
-         "KVFlash", "V1: finished and preempted requests release their pagers"),
-    _row(REBINDING, "vllm.v1.worker.gpu.block_table:BlockTables.append_block_ids", f"{KV}.worker_v2:bind_v2",
-         "KVFlash", "V2: the pooled group's block rows mirrored on the host for the pagers"),
-    _row(REBINDING, "vllm.v1.worker.gpu.block_table:BlockTables.compute_slot_mappings", f"{KV}.worker_v2:bind_v2",
-         "KVFlash", "V2: the pooled group's row of slots from the pagers"),
-    _row(REBINDING, "vllm.v1.worker.gpu.model_runner:GPUModelRunner.finish_requests", f"{KV}.worker_v2:bind_v2",
-         "KVFlash", "V2: finished and preempted requests release their pagers"),
-    _row(REBINDING, "vllm.v1.worker.gpu.model_runner:GPUModelRunner.prepare_attn", f"{KV}.worker_v2:bind_v2",
-         "KVFlash", "V2: the step's InputBatch noted, whose host mirrors the pooled slot mapping reads"),
+         "PFlash", "luce_pflash_skip: a tool or response-format request is never compressed",
+         "the request's own dict with luce_pflash_skip added, in the to_sampling_params patch", "with that patch"),
     _row(SETTING, "vllm.config.speculative:SpeculativeConfig.num_speculative_tokens_per_batch_size",
          f"{SD}.plain_steps:set_graph_table", "DFlash",
-         "V2 on CUDA: draft lengths K and 0, so vLLM captures one-token decode graphs for the gate's plain steps"),
-    _row(REBINDING, "vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model", f"{SD}.plain_steps:bind_v2",
-         "DFlash", "V2: note whether the step's scheduler output asked for drafts"),
-    _row(REBINDING, "vllm.v1.worker.gpu.spec_decode.dflash.speculator:DFlashSpeculator._generate_draft",
-         f"{SD}.plain_steps:bind_v2", "DFlash", "V2: no drafter forward on a plain step (eager)"),
-    _row(REBINDING, "vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.run_fullgraph", f"{SD}.plain_steps:bind_v2",
-         "DFlash", "V2: no drafter forward on a plain step (graph replay; the drafter's graph manager only); "
-         "from vLLM 0.32 the speculator's _prepare_graph_forward (the graph's context write) runs eagerly instead"),
-    _row(REBINDING, "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.combine_hidden_states",
-         f"{SD}.plain_steps:bind_context_stash", "DFlash",
-         "V2 on vLLM 0.26 (plain_context_stash, on by default there): a stashable plain step's features held "
-         "instead of projected"),
-    _row(REBINDING, "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.precompute_and_store_context_kv",
-         f"{SD}.plain_steps:bind_context_stash", "DFlash",
-         "V2 on vLLM 0.26 (plain_context_stash): held context written in one pass before any other context write"),
+         "V2 on CUDA: draft lengths K and 0, so vLLM captures one-token decode graphs for the gate's plain steps",
+         "set at install where no table was (a user's table is refused)",
+         "vLLM captures K = 0 graphs for dynamic speculation itself"),
+    # attribute rebindings (instance attributes of one scheduler, request or group, unless said otherwise)
+    _row(REBINDING, "vllm.model_executor.models:<upstream model class>.__name__",
+         f"{X}.executor:LuceExecutor.__init_subclass__", "executors",
+         "on each Luce executor class: vLLM dispatches on model.__class__.__name__",
+         "the upstream class's name; the executor's own stays in __qualname__",
+         "vLLM dispatches on the registered architecture, not the class name", checks=EXECUTOR_BASES),
+    _row(REBINDING, f"{SCHEDULER}.dynamic_sd_lookup", f"{SD}.scheduler:DFlashGateMixin.__init__",
+         "DFlash", "the gate stands in for vLLM's dynamic-speculation table: K or 0 each step",
+         "a GatedLookup that answers lookup[batch_size] with the K the gate planned", GATE_HOOK),
+    _row(REBINDING, "vllm.v1.request:Request.spec_token_ids", f"{SD}.scheduler:DFlashGateMixin.schedule", "DFlash",
+         "emptied for a request that may not use its drafts this step (plain step, stopped or declined)",
+         "[] before vLLM schedules the step", GATE_HOOK),
+    _row(REBINDING, f"{SCHEDULER}.need_mamba_block_aligned_split",
+         f"{KV}.scheduler:KVFlashSchedulerMixin.__init__", "KVFlash",
+         "so vLLM calls _mamba_block_aligned_split, the override that ends a pooled prompt alone",
+         "True on the scheduler, with paged KVFlash", KV_SCHEDULER_HOOK),
+    _row(REBINDING, "vllm.v1.request:Request.max_tokens", f"{KV}.scheduler:KVFlashSchedulerMixin.add_request",
+         "KVFlash", "a request stops (finish reason length) where its context would need more host memory than "
+         "luce.kvflash.host_request_bytes, as at max_model_len", "lowered before vLLM's add_request",
+         "vLLM bounds a request's length by a plugin's limit, as by max_model_len"),
+    _row(REBINDING, "vllm.v1.worker.utils:AttentionGroup.metadata_builders",
+         (f"{KV}.worker:bind_v1", f"{KV}.worker_v2:bind_v2"), "KVFlash",
+         "wrapped builders: attention reads the resident tokens only",
+         "each builder of the pooled group behind a proxy whose build, build_for_cudagraph_capture and "
+         "build_for_drafting see seq_lens = resident tokens", KV_WORKER_HOOK,
+         checks=("vllm.v1.worker.utils:AttentionGroup.metadata_builders", f"{BUILDER}.build",
+                 f"{BUILDER}.build_for_cudagraph_capture", f"{BUILDER}.build_for_drafting")),
     _row(REBINDING, "argparse:Action.type (vLLM's --additional-config)", f"{P}.engine_args:_make_add_cli_args",
-         "config", "--additional-config parsed strictly as a JSON object"),
-    # patches: one row per ledger entry, in the ledger's order (PATCHES below)
-) + tuple(_patch(e.target, *PATCHES[e.target]) for e in LEDGER) + (
+         "config", "--additional-config parsed strictly as a JSON object",
+         "the action's type, in the add_cli_args patch", "vLLM parses --additional-config as a JSON object strictly",
+         checks=(f"{ENGINE_ARGS}.additional_config",)),
+    # instance wraps: a vLLM method replaced on one object by a function that calls the original bound method
+    _row(INSTANCE_WRAP, "vllm.model_executor.layers.attention:Attention.get_kv_cache_spec",
+         f"{X}.executor:pool_full_attention", "KVFlash",
+         "the full-attention layers that own their KV declare a KVFlashSpec",
+         "vLLM's spec of the layer, as a KVFlashSpec with the pool", "vLLM lets a model choose a layer's spec type"),
+    _row(INSTANCE_WRAP, "vllm.v1.worker.block_table:BlockTable.compute_slot_mapping", f"{KV}.worker:_bind_slot_mapping",
+         "KVFlash", "V1: the pooled group's slots come from the pagers instead of row[pos // block]",
+         "the pooled group's block table only; the other groups keep vLLM's", KV_WORKER_HOOK),
+    _row(INSTANCE_WRAP, "vllm.v1.attention.backend:AttentionImpl.forward", f"{KV}.worker:_capture_queries", "KVFlash",
+         "the pooled layers' queries, observed for the QK policy",
+         "notes each request's last query, then vLLM's forward", KV_WORKER_HOOK),
+    _row(INSTANCE_WRAP, f"{V1_RUNNER}._update_states", f"{KV}.worker:_bind_release",
+         "KVFlash", "V1: finished and preempted requests release their pagers",
+         "vLLM's _update_states, then the releases", KV_WORKER_HOOK),
+    _row(INSTANCE_WRAP, f"{V2_TABLES}.append_block_ids", f"{KV}.worker_v2:bind_v2",
+         "KVFlash", "V2: the pooled group's block rows mirrored on the host for the pagers",
+         "vLLM's, then the pooled rows copied to the mirror", KV_WORKER_HOOK),
+    _row(INSTANCE_WRAP, f"{V2_TABLES}.compute_slot_mappings", f"{KV}.worker_v2:bind_v2",
+         "KVFlash", "V2: the pooled group's row of slots from the pagers",
+         "vLLM's for the other groups, the pagers' for the pooled one", KV_WORKER_HOOK),
+    _row(INSTANCE_WRAP, f"{V2_RUNNER}.finish_requests", f"{KV}.worker_v2:bind_v2",
+         "KVFlash", "V2: finished and preempted requests release their pagers",
+         "the releases, around vLLM's finish_requests", KV_WORKER_HOOK),
+    _row(INSTANCE_WRAP, f"{V2_RUNNER}.prepare_attn", f"{KV}.worker_v2:bind_v2",
+         "KVFlash", "V2: the step's InputBatch noted, whose host mirrors the pooled slot mapping reads",
+         "notes the batch, then vLLM's prepare_attn", KV_WORKER_HOOK),
+    _row(INSTANCE_WRAP, f"{V2_RUNNER}.execute_model", f"{SD}.plain_steps:bind_v2",
+         "DFlash", "V2: note whether the step's scheduler output asked for drafts",
+         "notes the step (and writes the context stash before cache block copies), then vLLM's execute_model",
+         V2_PLAIN_STEPS),
+    _row(INSTANCE_WRAP, f"{SPECULATOR}._generate_draft", f"{SD}.plain_steps:bind_v2", "DFlash",
+         "V2: no drafter forward on a plain step (eager)", "vLLM's, except on a plain step", V2_PLAIN_STEPS),
+    _row(INSTANCE_WRAP, "vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.run_fullgraph", f"{SD}.plain_steps:bind_v2",
+         "DFlash", "V2: no drafter forward on a plain step (graph replay; the drafter's graph manager only)",
+         "vLLM's replay, except on a plain step, where from vLLM 0.32 the speculator's _prepare_graph_forward (the "
+         "graph's context write) runs eagerly instead", V2_PLAIN_STEPS,
+         checks=("vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.run_fullgraph",
+                 f"{SPECULATOR}._prepare_graph_forward")),
+    _row(INSTANCE_WRAP, f"{DFLASH_MODEL}.combine_hidden_states", f"{SD}.plain_steps:bind_context_stash", "DFlash",
+         "V2 on vLLM 0.26 (plain_context_stash, on by default there): a stashable plain step's features held "
+         "instead of projected", "stages the features, or vLLM's projection", STASH_026),
+    _row(INSTANCE_WRAP, f"{DFLASH_MODEL}.precompute_and_store_context_kv", f"{SD}.plain_steps:bind_context_stash",
+         "DFlash", "V2 on vLLM 0.26 (plain_context_stash): held context written in one pass before any other "
+         "context write", "commits or writes what the stash holds, then vLLM's write", STASH_026),
+    # patches: one row per ledger entry, in the ledger's order (PATCHES above)
+) + tuple(_patch(e.target, *PATCHES[e.target]) for e in LEDGER) + tuple(
+    # subclass overrides (hook_overrides.py)
+    _row(OVERRIDE, **record) for record in OVERRIDES
+) + (
     # feature installs (run in table order)
     _row(FEATURE, "vllm.config.vllm:VllmConfig.__post_init__", f"{KV}.install:before_vllm_checks", "KVFlash",
-         "settings vLLM's own checks must see (prefix caching)", BEFORE_CHECKS),
+         "settings vLLM's own checks must see (prefix caching)", "called by the VllmConfig patch with LuceConfig",
+         "with the VllmConfig patch", BEFORE_CHECKS),
     _row(FEATURE, "vllm.config.vllm:VllmConfig.__post_init__", f"{SD}.install:install_gate", "DFlash",
-         "the DFlash gate's scheduler class", AFTER_CHECKS),
+         "the DFlash gate's scheduler class", "the same", "with the VllmConfig patch", AFTER_CHECKS),
     _row(FEATURE, "vllm.config.vllm:VllmConfig.__post_init__", f"{KV}.install:install_kvflash", "KVFlash",
-         "validate the pool; scheduler class and step caps", AFTER_CHECKS),
+         "validate the pool; scheduler class and step caps", "the same", "with the VllmConfig patch", AFTER_CHECKS),
     _row(FEATURE, "vllm.config.vllm:VllmConfig.__post_init__", f"{PF}.install:install_pflash", "PFlash",
-         "check the drafter (no weights loaded); the worker extension", AFTER_CHECKS),
-    _row(FEATURE, "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache", f"{KV}.worker:bind_v1",
-         "KVFlash", "bind the pagers to V1's KV cache, block table, builders and layers", KV_CACHE_V1),
-    _row(FEATURE, "vllm.v1.worker.gpu.model_runner:GPUModelRunner.initialize_kv_cache", f"{KV}.worker_v2:bind_v2",
-         "KVFlash", "the same for Model Runner V2", KV_CACHE_V2),
-    _row(FEATURE, "vllm.v1.worker.gpu.model_runner:GPUModelRunner.initialize_kv_cache", f"{SD}.plain_steps:bind_v2",
-         "DFlash", "plain steps write the drafter's context and skip its forward", KV_CACHE_V2),
+         "check the drafter (no weights loaded); the worker extension", "the same", "with the VllmConfig patch",
+         AFTER_CHECKS),
+    _row(FEATURE, f"{V1_RUNNER}.initialize_kv_cache", f"{KV}.worker:bind_v1", "KVFlash",
+         "bind the pagers to V1's KV cache, block table, builders and layers",
+         "called by the initialize_kv_cache patch with the runner and LuceConfig", KV_WORKER_HOOK, KV_CACHE_V1),
+    _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{KV}.worker_v2:bind_v2", "KVFlash",
+         "the same for Model Runner V2", "the same", KV_WORKER_HOOK, KV_CACHE_V2),
+    _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{SD}.plain_steps:bind_v2", "DFlash",
+         "plain steps write the drafter's context and skip its forward", "the same", V2_PLAIN_STEPS, KV_CACHE_V2),
     _row(FEATURE, "GPUModelRunner.initialize_kv_cache (V1 and V2)", f"{PF}.worker:bind", "PFlash",
          "load the PFlash drafter on rank 0 (after the KV cache: a drafter that cannot load stops startup)",
-         KV_CACHE_BOTH),
+         "the same, on either runner", "vLLM offers a worker-side hook after the KV cache is allocated",
+         KV_CACHE_BOTH, checks=(f"{V1_RUNNER}.initialize_kv_cache", f"{V2_RUNNER}.initialize_kv_cache")),
     _row(FEATURE, "vllm_luce:register", "vllm_luce.metrics:install", "metrics",
-         "the metrics directory and collector", AT_REGISTER),
+         "the metrics directory and collector", "called by register()", NEVER, AT_REGISTER, checks=PLUGINS),
 )
 
-_BINDABLE = {h.target: h for h in HOOKS if h.kind in (CLASS_PATH, SETTING, REBINDING)}
+_BINDABLE = {h.target: h for h in HOOKS if h.kind in (CLASS_PATH, SETTING, REBINDING, INSTANCE_WRAP)}
 _REGISTRIES = {h.target: h for h in HOOKS if h.kind == REGISTRY}
 
 
@@ -274,13 +358,19 @@ def _check_caller(hook: Hook, frame) -> None:
 
 
 def bind(target: str, obj: Any, value: Any) -> None:
-    """``obj.<attribute> = value`` for a class-path setting, config setting or rebinding row ``target``
-    ("module:Class.attribute"); refuses a target without a row or a caller that does not own it."""
+    """``obj.<attribute> = value`` for a class-path setting, config setting, rebinding or instance-wrap row ``target``
+    ("module:Class.attribute"); refuses a target without a row, a caller that does not own it, and a method replaced
+    through a row that is no instance wrap (whose row checks the method's signature in every supported release)."""
     hook = _BINDABLE.get(target)
     if hook is None:
         raise HookNotInTable(f"{target} is not in vllm_luce/hooks.py's table; add a row before binding it")
     _check_caller(hook, sys._getframe(1))
-    setattr(obj, target.rsplit(".", 1)[1].split(" (", 1)[0], value)  # a row may name its case in brackets
+    name = target.rsplit(".", 1)[1].split(" (", 1)[0]  # a row may name its case in brackets
+    if hook.kind == INSTANCE_WRAP and not callable(value):
+        raise HookNotInTable(f"{target} is an instance-wrap row: bind a function that wraps vLLM's method")
+    if hook.kind != INSTANCE_WRAP and inspect.ismethod(getattr(obj, name, None)):
+        raise HookNotInTable(f"{target} replaces a method: make its row an instance wrap, with the signature checked")
+    setattr(obj, name, value)
 
 
 def register(target: str, *args: Any, **kwargs: Any) -> Any:

@@ -12,8 +12,9 @@ import torch
 
 from fixtures.vllm_kv import LAYOUTS, vllm_cache
 from vllm_luce.kernels.chunk_bounds import bound_scores, bound_scores_naive, key_bounds, key_bounds_naive
+from vllm_luce.kernels.chunk_bounds.naive import outward_fp8
 from vllm_luce.kernels.chunk_copy import LayerCaches
-from vllm_luce.kvflash.policies import Bounds, outward_fp8
+from vllm_luce.kvflash.policies import Bounds
 
 pytestmark = pytest.mark.kernel
 

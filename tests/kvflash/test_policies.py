@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from fixtures.vllm_kv import vllm_cache
+from vllm_luce.kernels.chunk_bounds.naive import outward_fp8
 from vllm_luce.kvflash.kv_store import CPU_LAYOUT, PACKED_LAYOUT, PagedPoolStore
-from vllm_luce.kvflash.policies import (Bounds, bound_layer_scores, max_logit_layer_scores, outward_fp8,
-                                        qk_scores)
+from vllm_luce.kvflash.policies import Bounds, bound_layer_scores, max_logit_layer_scores, qk_scores
 
 L, HQ, HKV, D, T = 3, 8, 2, 16, 64
 

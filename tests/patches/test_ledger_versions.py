@@ -1,5 +1,5 @@
-"""The ledger against every vLLM release the README claims, through signature snapshots of their wheels
-(``scripts/vllm_signatures.py``), and the source reader both sides use."""
+"""The ledger and every row of the hook table against every vLLM release the README claims, through snapshots of
+their wheels (``scripts/vllm_signatures.py``), and the source reader both sides use."""
 
 import json
 import textwrap
@@ -7,10 +7,59 @@ from pathlib import Path
 
 import pytest
 
-from vllm_luce import compat
+from vllm_luce import compat, hook_signatures, hooks
 from vllm_luce.patches import LEDGER, signatures
 
 SNAPSHOTS = Path(__file__).parent / "vllm_signatures"
+PATCHED = {e.target: e for e in LEDGER}
+
+
+def snapshot_of(release: str) -> dict[str, str | None]:
+    return json.loads((SNAPSHOTS / f"{release}.json").read_text())
+
+
+def mismatches(snapshot: dict[str, str | None], series: str, rows=hooks.HOOKS) -> list[str]:
+    """Every name a row checks that the release does not have as recorded: a patched target's signature (the
+    ledger's, unless it leaves the target alone in the series), any other name as ``hook_signatures`` records it
+    (a signature, a class or an attribute; None: absent there)."""
+    found = []
+    for row in rows:
+        for name in row.checks:
+            entry = PATCHED.get(name)
+            expected = entry.signature_in(series) if entry else hook_signatures.expected_in(name, series)
+            if (expected is not None or not entry) and snapshot[name] != expected:
+                found.append(f"{row.kind} row {row.target!r} ({', '.join(row.owners)}) relies on {name}: "
+                             f"vLLM {series} has {snapshot[name]!r}, the table records {expected!r}")
+    return found
+
+
+@pytest.mark.parametrize("release", compat.SNAPSHOT_RELEASES)
+def test_every_hook_row_matches_the_release(release):
+    snapshot = snapshot_of(release)
+    names = {e.target for e in LEDGER} | {name for row in hooks.HOOKS for name in row.checks}
+    assert set(snapshot) == names, (f"run scripts/vllm_signatures.py {release}: the snapshot lacks "
+                                    f"{sorted(names - set(snapshot))}, has stale {sorted(set(snapshot) - names)}")
+    found = mismatches(snapshot, compat.series(release))
+    assert not found, "\n".join(found)
+
+
+def test_every_row_checks_a_vllm_name_and_every_recorded_name_is_checked():
+    for row in hooks.HOOKS:
+        assert row.checks and all(name.startswith("vllm") and ":" in name for name in row.checks), row.target
+    checked = {name for row in hooks.HOOKS for name in row.checks}
+    assert not set(hook_signatures.EXPECTED) & set(PATCHED), "a patched target's signatures are the ledger's"
+    assert set(hook_signatures.EXPECTED) == checked - set(PATCHED), "hook_signatures.py: stale or missing names"
+    assert set(hook_signatures.PER_SERIES) <= set(hook_signatures.EXPECTED)
+
+
+def test_a_changed_vllm_name_fails_the_check():
+    row = next(h for h in hooks.HOOKS if h.kind == hooks.INSTANCE_WRAP)
+    snapshot = dict(snapshot_of("0.32.0"))
+    assert not mismatches(snapshot, "0.32", [row])
+    snapshot[row.checks[0]] = "(self, renamed)"
+    assert mismatches(snapshot, "0.32", [row])
+    snapshot[row.checks[0]] = None  # gone from the release
+    assert mismatches(snapshot, "0.32", [row])
 
 
 @pytest.mark.parametrize("release", compat.SNAPSHOT_RELEASES)
@@ -76,6 +125,30 @@ def test_in_tree_follows_imports_and_base_classes(tmp_path):
     assert signatures.in_tree(root, "pkg.user:Redefined.f") == "(self, a, b)"  # the last binding wins
     assert signatures.in_tree(root, "pkg.user:Child.gone") is None
     assert signatures.in_tree(root, "pkg.missing:f") is None
+
+
+def test_in_tree_tells_classes_attributes_and_modules(tmp_path):
+    root = _tree(tmp_path, {
+        "pkg/__init__.py": "from .defs import Config as Public\nREGISTRY = object()\n",
+        "pkg/defs.py": """
+            class Config:
+                field: int = 0
+                flag = False
+
+                def __init__(self):
+                    self.state = {}
+                    self.flag = True
+
+            class Derived(Config):
+                pass
+            """,
+    })
+    assert signatures.in_tree(root, "pkg:Public") == signatures.CLASS  # a relative import followed
+    assert signatures.in_tree(root, "pkg:REGISTRY") == signatures.ATTRIBUTE
+    assert signatures.in_tree(root, "pkg.defs") == signatures.MODULE
+    for name in ("field", "flag", "state"):
+        assert signatures.in_tree(root, f"pkg.defs:Derived.{name}") == signatures.ATTRIBUTE, name
+    assert signatures.in_tree(root, "pkg.defs:Config.other") is None
 
 
 def test_of_function_reads_a_live_function_as_in_tree_reads_its_file(tmp_path, monkeypatch):

@@ -5,6 +5,8 @@ CPU)."""
 
 import threading
 import time
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -120,3 +122,46 @@ def test_queued_passes_run_on_the_services_thread_and_compress_in_the_callers(se
     finally:
         del service._compress
     assert seen == [threading.current_thread().name, "luce-pflash"]
+
+
+def test_loading_the_drafter_is_announced_with_the_bytes_it_holds_then_timed(luce_log):
+    import torch
+
+    from fixtures.trained import trained_model
+    from vllm_luce.pflash.drafter_spec import DrafterSpec
+    from vllm_luce.pflash.scorer import ScoringConfig
+    from vllm_luce.pflash.service import load_scorer, weight_bytes
+
+    spec = DrafterSpec.load(trained_model("scorer"))
+    scorer = load_scorer(spec, torch.device("cpu"), torch.float32, ScoringConfig(early_exit_layers=1))
+    held = sum(t.numel() * t.element_size() for t in scorer.w.values())
+    assert held == weight_bytes(spec, 1, torch.float32)
+    start, done = [r.getMessage() for r in luce_log.records]  # on a CPU nothing compiles: no warm-up lines
+    assert start.endswith(f"PFlash: loading the drafter {spec.path.name} onto cpu ({held / 2**30:.2f} GiB, 1 layers)")
+    assert "PFlash: drafter loaded in " in done
+
+
+def test_on_a_gpu_the_kernel_warm_up_is_announced_with_its_expected_time(luce_log, monkeypatch):
+    import torch
+
+    from vllm_luce.pflash import service
+    from vllm_luce.pflash.scorer import DrafterScorer, ScoringConfig
+
+    warmed = []
+
+    class Scorer(DrafterScorer):  # the GPU scorer without its weights: its warm-up only records the call
+        def __init__(self, *args):
+            pass
+
+        def warm_up(self):
+            warmed.append(True)
+
+    spec = SimpleNamespace(num_layers=2, path=Path("scorer"), expected_shapes=lambda n: {"w": (1024, 1024)})
+    monkeypatch.setattr(service, "DrafterScorer", Scorer)
+    service.load_scorer(spec, torch.device("cuda"), torch.bfloat16, ScoringConfig())
+    lines = [r.getMessage() for r in luce_log.records]
+    assert warmed == [True] and len(lines) == 4, lines
+    assert lines[0].endswith("PFlash: loading the drafter scorer onto cuda (0.00 GiB, 2 layers)")
+    assert lines[2].endswith("PFlash: compiling and tuning the scoring kernels (prompts of 515, 4103, 4096 tokens, "
+                             f"about {DrafterScorer.WARM_UP_SECONDS} s)")
+    assert "PFlash: scoring kernels ready in " in lines[3]

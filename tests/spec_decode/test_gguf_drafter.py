@@ -95,3 +95,27 @@ def test_materialize_is_cached_by_content(drafter, tmp_path):
     loaded = load_file(str(first / "model.safetensors"))
     assert torch.equal(loaded["fc.weight"], state["fc.weight"])
     assert json.loads((first / "config.json").read_text())["architectures"] == ["DFlashDraftModel"]
+
+
+def test_materialize_announces_the_file_it_prepares_and_says_whether_it_converted(drafter, tmp_path, luce_log):
+    root, _, _ = drafter
+    gguf = tmp_path / "d.gguf"
+    G.write_gguf(root, gguf)
+    out = G.materialize(gguf, tmp_path / "cache")
+    G.materialize(gguf, tmp_path / "cache")
+    lines = [r.getMessage() for r in luce_log.records]
+    start = f"DFlash: preparing the GGUF drafter {gguf} for vLLM"
+    assert len(lines) == 4 and start in lines[0] and start in lines[2], lines
+    assert lines[0].endswith(f"({gguf.stat().st_size / 2**30:.2f} GiB)")
+    assert f"DFlash: GGUF drafter ready at {out} (converted now) in " in lines[1]
+    assert f"DFlash: GGUF drafter ready at {out} (cached conversion) in " in lines[3]
+
+
+def test_convert_drafter_prints_what_it_converts_before_it_starts_and_the_time_after(drafter, tmp_path, capsys):
+    root, _, _ = drafter
+    assert cli(["convert-drafter", str(root), str(tmp_path / "d.gguf")]) == 0
+    start, done = capsys.readouterr().out.splitlines()
+    weights = (root / "model.safetensors").stat().st_size
+    assert start == (f"converting {root} ({weights / 2**30:.2f} GiB of safetensors) to {tmp_path / 'd.gguf'} "
+                     "with bf16 linears")
+    assert done.startswith(f"wrote {tmp_path / 'd.gguf'}: ") and done.endswith(" s") and "; in " in done

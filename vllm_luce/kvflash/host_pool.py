@@ -2,13 +2,11 @@
 vLLM import).
 
 A page-out copies to pinned memory asynchronously, on the copy stream; to pageable memory the copy is synchronous
-and stalls the engine too (on an H200, 59 chunks of 9.4 MB paged out and back in through pageable memory took
-580 ms against 22 ms pinned: ``benchmarks/kvflash_scoring.py``). Pinning itself is the
-expensive part, and it must not happen while the server serves: through vLLM on an H200 (kvflash_gpu at 12c671b)
-pinning slabs in a background thread during prefills cost about 1 s per GB pinned, stalling the engine: time to
-first token 19.1 s at 128K (vLLM alone 11.5 s), prompt-end reselections 0.13-0.73 s, and the last of 8 x 64K
-prompts started after 66 s (vLLM alone 30 s). The same run with 80 GiB pinned at startup: 4.2 s at 128K,
-reselections 13-30 ms, the last 64K prompt after 16.6 s.
+and stalls the engine too, and is many times slower (``benchmarks/kvflash_scoring.py``; docs/benchmarks.md, "KVFlash
+salient scoring and reselection cost (GPU)"). Pinning itself is the expensive part, and it must not happen while
+the server serves: pinning slabs in a background thread during prefills stalled the engine, delaying first tokens,
+reselections and queued prompts well past vLLM alone's (docs/benchmarks.md, "Measurements behind design choices
+in the code").
 
 So the pool pins ``reserve(nbytes)`` at startup (``luce.kvflash.host_pinned_bytes``) and never grows: ``take``
 returns None once every view is in use, and the caller copies that chunk to pageable memory. A view comes back

@@ -19,15 +19,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_luce import hooks
+from vllm_luce import hooks, overrides
 from vllm_luce.config import LuceConfig, LuceConfigError
-from vllm_luce.kvflash.pager import KVFlashConfigError
+from vllm_luce.kvflash.pager import KVFlashConfigError, PagerConfig
 from vllm_luce.kvflash.settings import pager_config_from
 
 
 def before_vllm_checks(vllm_config: Any, luce: LuceConfig) -> None:
     """Settings vLLM's own VllmConfig checks must see (prefix caching decides Mamba block sizes)."""
     if luce.kvflash.enabled and vllm_config.cache_config.enable_prefix_caching is not False:
+        asked = vllm_config.cache_config.enable_prefix_caching  # True, or None: vLLM's default, on
+        overrides.warn(overrides.PREFIX_CACHING, True, False, overrides.ASKED if asked else overrides.VLLM_DEFAULT)
         hooks.bind("vllm.config.cache:CacheConfig.enable_prefix_caching", vllm_config.cache_config, False)
 
 
@@ -35,6 +37,25 @@ def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
     kv = luce.kvflash
     if not kv.enabled:
         return None
+    cfg = check_kvflash(vllm_config, luce)
+    if kv.selection == "sfi":  # all KV resident and prefill dense: the scheduler is unchanged
+        return f"SFI: decode attends to {cfg.pool_tokens} tokens (chunks of {cfg.chunk_tokens}), policy {kv.policy}"
+    sched = vllm_config.scheduler_config
+    step = cfg.max_step_tokens
+    _install_scheduler(sched)
+    budget = sched.max_num_scheduled_tokens or sched.max_num_batched_tokens
+    overrides.warn(overrides.STEP_BUDGET, budget, min(budget, step))
+    hooks.bind("vllm.config.scheduler:SchedulerConfig.max_num_scheduled_tokens", sched, min(budget, step))
+    if not sched.long_prefill_token_threshold or sched.long_prefill_token_threshold > step:
+        overrides.warn(overrides.LONG_PREFILL, sched.long_prefill_token_threshold or "0 (no cap)", step)
+        hooks.bind("vllm.config.scheduler:SchedulerConfig.long_prefill_token_threshold", sched, step)
+    return f"pool {cfg.pool_tokens} tokens, chunks of {cfg.chunk_tokens}, policy {kv.policy}, step <= {step} tokens"
+
+
+def check_kvflash(vllm_config: Any, luce: LuceConfig) -> PagerConfig:
+    """Every check of the KVFlash settings against the model and speculation, changing nothing (``vllm-luce check``
+    runs it too): the policy's needs, the architecture, the pool, and in page mode a step's tokens within the pool."""
+    kv = luce.kvflash
     if kv.policy == "scorer" and not (luce.pflash.enabled and luce.pflash.drafter):
         raise LuceConfigError("luce.kvflash.policy: got 'scorer'; the drafter scorer is PFlash's, so it needs "
                               "luce.pflash with a drafter (e.g. {\"pflash\": {\"drafter\": PATH}}); or use 'qk' or 'lru'")
@@ -47,22 +68,15 @@ def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
         cfg = pager_config_from(kv)
     except KVFlashConfigError as e:
         raise LuceConfigError(str(e)) from None
-    if kv.selection == "sfi":  # all KV resident and prefill dense: the scheduler is unchanged
-        return f"SFI: decode attends to {cfg.pool_tokens} tokens (chunks of {cfg.chunk_tokens}), policy {kv.policy}"
-    sched = vllm_config.scheduler_config
+    if kv.selection == "sfi":
+        return cfg
     spec = getattr(vllm_config, "speculative_config", None)
     lookahead = (getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
-    step = cfg.max_step_tokens
-    if step <= lookahead:
+    if cfg.max_step_tokens <= lookahead:
         raise LuceConfigError(f"luce.kvflash.pool_tokens: got {cfg.pool_tokens}; a step writes up to "
                               f"{lookahead + 1} tokens with speculation, so the pool needs at least "
                               f"{(lookahead + 1 + (cfg.sink_chunks + 2) * cfg.chunk_tokens)} tokens")
-    _install_scheduler(sched)
-    hooks.bind("vllm.config.scheduler:SchedulerConfig.max_num_scheduled_tokens", sched,
-               min(sched.max_num_scheduled_tokens or sched.max_num_batched_tokens, step))
-    if not sched.long_prefill_token_threshold or sched.long_prefill_token_threshold > step:
-        hooks.bind("vllm.config.scheduler:SchedulerConfig.long_prefill_token_threshold", sched, step)
-    return f"pool {cfg.pool_tokens} tokens, chunks of {cfg.chunk_tokens}, policy {kv.policy}, step <= {step} tokens"
+    return cfg
 
 
 def check_architecture(vllm_config: Any) -> None:
@@ -92,4 +106,6 @@ def _install_scheduler(sched: Any) -> None:
     if current not in VLLM_DEFAULT_SCHEDULERS:
         raise LuceConfigError(f"--scheduler-cls {current}: KVFlash needs vllm-luce's scheduler class (it schedules "
                               "a pooled prompt's last token alone); drop --scheduler-cls or turn luce.kvflash off")
-    hooks.bind(SCHEDULER_CLS, sched, KVFLASH_SCHEDULERS[bool(getattr(sched, "async_scheduling", False))])
+    installed = KVFLASH_SCHEDULERS[bool(getattr(sched, "async_scheduling", False))]
+    overrides.warn(overrides.KVFLASH_SCHEDULER, current, installed)
+    hooks.bind(SCHEDULER_CLS, sched, installed)

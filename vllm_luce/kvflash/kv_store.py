@@ -86,8 +86,9 @@ def copy_stream_for(device: torch.device) -> torch.cuda.Stream:
 @functools.lru_cache(maxsize=None)
 def load_stream_for(device: torch.device) -> torch.cuda.Stream:
     """One side stream per device for page-ins (host to device). On the page-outs' stream a page-in queued behind
-    every page-out before it, and the step waited for them all: through vLLM on an H200 a prompt-end reselection took
-    112-424 ms behind a long prompt's page-outs where its scoring and paging take about 22 ms."""
+    every page-out before it, and the step waited for them all: a prompt-end reselection behind a long prompt's
+    page-outs took several times its own scoring and paging (docs/benchmarks.md, "Measurements behind design
+    choices in the code")."""
     return torch.cuda.Stream(device)
 
 
@@ -229,8 +230,8 @@ class PagedPoolStore:
 
     def rearrange(self, moves, loads) -> None:
         """Moves ``(dst, src)`` as one gather of every source chunk, then one scatter, then the loads. Per chunk, a
-        move cost two launches and two slot copies: on an H200 (494f318, 8 x 64K) an eviction that shifted the
-        compacted pool took 16 ms of the engine's host time for about 32 moves, in a host-bound step."""
+        move cost two launches and two slot copies, which made an eviction that shifts the compacted pool a
+        host-bound step (docs/benchmarks.md, "Measurements behind design choices in the code")."""
         if moves:
             data = self._read_slots(self._device_slots(self._chunk_offsets([src for _, src in moves])))
             self._scatter(self._device_slots(self._chunk_offsets([dst for dst, _ in moves])), data)
@@ -266,14 +267,14 @@ class PagedPoolStore:
         return torch.stack(out)
 
     def outward_key_bounds(self, position: int, page_tokens: int) -> torch.Tensor:
-        """[layers, pages, kv_heads, 2, head] fp8 e5m2: ``key_bounds`` rounded outward (``policies.outward_fp8``),
+        """[layers, pages, kv_heads, 2, head] fp8 e5m2: ``key_bounds`` rounded outward (``chunk_bounds.naive.outward_fp8``),
         the bounds policy's summary. On a GPU one launch reads only the keys and writes the fp8 bounds
         (``kernels.chunk_bounds``, bit-identical); fp8 caches and the CPU take the per-layer torch path."""
         if self.mover is not None and self.mover.dtype.itemsize > 1:
             from vllm_luce.kernels.chunk_bounds import key_bounds  # imports Triton: GPU only
 
             return key_bounds(self.mover, self._cache_slots(position), self.head, page_tokens)
-        from vllm_luce.kvflash.policies import outward_fp8
+        from vllm_luce.kernels.chunk_bounds.naive import outward_fp8
 
         return outward_fp8(self.key_bounds(position, page_tokens))
 

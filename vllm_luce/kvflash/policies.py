@@ -16,10 +16,10 @@ lowest-scored evictable chunk and, on reselection, swaps in host chunks that out
   post-RoPE keys per KV head (Quest, arXiv 2406.10774), kept in fp8 rounded outward. ``sum_d max(q_d * min_d,
   q_d * max_d)`` bounds from above the logit of any of the page's keys with query ``q``, so one key a
   question points at lifts its chunk, where a mean key washes it out. A chunk scores its best page's bound
-  (max over each group's query heads), and its best full-attention layer. Measured through vLLM on CPU
-  (trained Qwen3.6 fixture, needle prompts, pool 512): 64-token bounds kept 70% / 30-50% of the needles
-  at 2K / 4K tokens, 16-token pages 75-100%; max over layers did better than the mean; fp8 (e4m3 or
-  e5m2) instead of bf16 lost nothing measurable. Summaries are 2x the bytes of QK's fp32 mean key. On a GPU,
+  (max over each group's query heads), and its best full-attention layer. On needle prompts through vLLM
+  (trained Qwen3.6 fixture) 16-token pages kept more needles than 64-token bounds, the max over layers more than
+  the mean, and fp8 (e4m3 or e5m2) lost nothing measurable against bf16 (docs/benchmarks.md, "Measurements
+  behind design choices in the code"). Summaries are 2x the bytes of QK's fp32 mean key. On a GPU,
   as for QK, Triton kernels (``kernels.chunk_bounds``) write a chunk's fp8 bounds straight from the KV caches
   (one launch for all layers, bit-identical to the torch path) and score the stacked fp8 bounds in place;
   elsewhere the same math runs in torch.
@@ -52,6 +52,7 @@ from typing import Callable
 
 import torch
 
+from vllm_luce.kernels.chunk_bounds.naive import outward_fp8
 from vllm_luce.kernels.scored_dims import ScoredDims
 
 
@@ -103,16 +104,6 @@ def qk_layer_scores(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
     from vllm_luce.kernels.chunk_score.naive import chunk_scores_naive
 
     return chunk_scores_naive(queries, keys)
-
-
-def outward_fp8(bounds: torch.Tensor) -> torch.Tensor:
-    """[..., 2 (min, max), D] bounds as fp8 e5m2, rounded outward (the minimum down, the maximum up), so they
-    still bound every key. e5m2 spans +-57344, so no key is out of range; its relative spacing is 1/4, hence
-    the 5/4 and 3/4 factors, and 2^-15 carries values below its subnormals outward too."""
-    lo, hi = bounds[..., 0, :].float(), bounds[..., 1, :].float()
-    lo = torch.where(lo > 0, lo * 0.75, lo * 1.25) - 2.0 ** -15
-    hi = torch.where(hi > 0, hi * 1.25, hi * 0.75) + 2.0 ** -15
-    return torch.stack([lo, hi], dim=-2).to(torch.float8_e5m2)
 
 
 class Bounds(QK):

@@ -7,10 +7,9 @@ the first decode step comes one token too late. So the last prompt token is sche
 own, and the pager reselects with the queries of the token before it (the question) and pages the
 chosen chunks in before that step runs (``RequestPager.prepare(prompt_end=True)``).
 
-Measured through vLLM on CPU (trained Qwen3.6 fixture, pool 512, 20 needle cases per length,
-``benchmarks/kvflash_needle.py``): with the ``qk`` policy needle retrieval rose from 20% to 35% at 2K
-tokens and from 0% to 10% at 4K; before, the miss was the first digit, as the later ones came back after
-the first decode step's reselection. It costs one extra engine step per pooled prompt.
+Without it the first answer token misses what the question points at while later ones find it (the needle's
+first digit, in ``benchmarks/kvflash_needle.py``; docs/benchmarks.md, "Measurements behind design choices in the
+code"). It costs one extra engine step per pooled prompt.
 """
 
 from __future__ import annotations

@@ -41,7 +41,7 @@ from vllm_luce.kvflash.policies import make_policy
 from vllm_luce.kvflash.query_window import push_queries, window_rows
 from vllm_luce.kvflash.settings import resolve_pinned_bytes
 from vllm_luce.kvflash.sfi import RequestSelection
-from vllm_luce.log import logger, tag
+from vllm_luce.log import StartupStep, logger, tag
 
 PIN_BYTES_PER_S = 1.1 * 2**30  # what a host pins a second, for the start line's estimate (docs/kvflash.md, Limits)
 
@@ -111,12 +111,15 @@ class KVFlashRuntime:
         store.row = np.zeros(-(-self.config.chunk_tokens // self.block_size), dtype=np.int64)
         chunk = store.read(0)  # a page-out's shape and dtype
         self.pin_host_memory(tuple(chunk.shape), chunk.dtype)
+        step = StartupStep("KVFlash: compiling the paging and scoring kernels",
+                           f"a chunk of {self.config.chunk_tokens} tokens out and back on {len(self.caches)} layers")
         try:
             host = store.read_host(0)
             store.synchronize()
             store.write(0, host)  # the same bytes back
             self.warm_up_policy(store, q_heads)
             torch.cuda.synchronize(self.caches[0].device)
+            step.done("KVFlash: kernels compiled")
         except Exception as error:  # noqa: BLE001 - a slower first request, not a reason to stop the server
             logger.warning("%s: KVFlash: warm-up failed (the first request compiles instead): %s", tag(), error)
 
@@ -139,9 +142,9 @@ class KVFlashRuntime:
                            wanted / 2**30)
         if not granted:
             return
-        logger.info("%s: KVFlash: pinning %.1f GiB of host memory for paged-out KV (about %.0f s)", tag(),
-                    granted / 2**30, granted / PIN_BYTES_PER_S)
-        started, pool = time.perf_counter(), self.host_pool(shape, dtype)
+        step = StartupStep("KVFlash: pinning host memory for paged-out KV", f"{granted / 2**30:.1f} GiB",
+                           granted / PIN_BYTES_PER_S)
+        pool = self.host_pool(shape, dtype)
         try:
             pool.reserve(granted)
         except (RuntimeError, MemoryError) as error:
@@ -150,8 +153,7 @@ class KVFlashRuntime:
                          error, pool.pinned_bytes / 2**30)
         if self.ledger is not None:
             self.ledger.hold("pinned", pool.pinned_bytes, self.engine)
-        logger.info("%s: KVFlash: pinned %.1f GiB in %.1f s", tag(), pool.pinned_bytes / 2**30,
-                    time.perf_counter() - started)
+        step.done(f"KVFlash: pinned {pool.pinned_bytes / 2**30:.1f} GiB")
 
     def warm_up_policy(self, store, q_heads: int | None) -> None:
         """The policy's summary of ``store``'s first chunk, scored with zero queries of a reselection's shape. A copy

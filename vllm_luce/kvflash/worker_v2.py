@@ -11,8 +11,8 @@ in 0.33). Same ``KVFlashRuntime`` as V1; V2's objects differ:
 * finished and preempted requests come through ``finish_requests(scheduler_output)``.
 Attention metadata builders and query capture are bound as in V1.
 
-Not run end to end here: V2 needs a GPU and vLLM (the lent GPUs have no vLLM). Tested against
-V2's interfaces with stand-in objects (tests/kvflash/test_worker_v2.py).
+Run end to end by the GPU tier on V1 and V2 (tests/gpu/test_kvflash.py, docs/gpu.md); on CPU, tested against V2's
+interfaces with stand-in objects (tests/kvflash/test_worker_v2.py).
 """
 
 from __future__ import annotations

@@ -90,9 +90,8 @@ def plain_step_conv(buffers: torch.Tensor, slots: torch.Tensor, accepted: torch.
 
 
 class DecodeConv:
-    """vLLM's torch decode conv (``ops.cpu.causal_conv1d.causal_conv1d_update_cpu``) on plain weights.
-    Profiled on CPU (trained Qwen3.6 pair, 4 requests): the batched torch roll cost 1.6 ms per step
-    over 6 GDN layers, about 6x this."""
+    """vLLM's torch decode conv (``ops.cpu.causal_conv1d.causal_conv1d_update_cpu``) on plain weights: several
+    times faster than a batched torch roll (docs/benchmarks.md, "Measurements behind design choices in the code")."""
 
     def __init__(self, op, weight: torch.Tensor, bias: torch.Tensor | None, activation, slots_i32: torch.Tensor):
         self.op, self.weight, self.bias, self.activation, self.slots = op, weight, bias, activation, slots_i32
@@ -105,8 +104,8 @@ class DecodeConv:
 
 class PackedDecodeConv:
     """The C++ decode conv a plain engine uses where the CPU has bf16 dot products (AVX512-BF16 or Arm
-    bf16), on vLLM's packed weights. Profiled on CPU (16 requests): 0.2 ms per step over 6 layers,
-    against 0.75 ms for ``DecodeConv``."""
+    bf16), on vLLM's packed weights; faster than ``DecodeConv`` (docs/benchmarks.md, "Measurements behind design
+    choices in the code")."""
 
     def __init__(self, op, weight: torch.Tensor, bias: torch.Tensor | None, silu: bool, slots_i32: torch.Tensor,
                  width: int, packed: bool = True):

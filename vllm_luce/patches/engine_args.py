@@ -8,7 +8,7 @@ import functools
 import json
 from pathlib import Path
 
-from vllm_luce import hooks
+from vllm_luce import hooks, overrides
 from vllm_luce.log import logger, tag
 from vllm_luce.patches import ledger_signature, wrap_method
 from vllm_luce.spec_decode import resolve as R
@@ -95,11 +95,7 @@ def apply_dflash_defaults(engine_args, target: str, target_text_config: dict) ->
         R.check_drafter_weights(resolved.path, "--speculative-model" if from_flag else "--speculative-config model")
     if not from_flag:
         hooks.bind("vllm.engine.arg_utils:EngineArgs.speculative_config", engine_args, spec)
-    fitted = fit_draft_slots(engine_args, engine_args.spec_tokens if from_flag else spec.get("num_speculative_tokens"))
-    if fitted is not None:
-        logger.info("%s: DFlash reserves %s draft slots per running request in each step's token budget; vLLM's "
-                    "default --max-num-seqs leaves no room for them here, so it is %d (set --max-num-seqs or "
-                    "--max-num-batched-tokens to choose)", tag(), fitted[1], fitted[0])
+    fit_draft_slots(engine_args, engine_args.spec_tokens if from_flag else spec.get("num_speculative_tokens"))
     return resolved
 
 
@@ -115,10 +111,11 @@ def fit_draft_slots(engine_args, num_speculative_tokens: int | None) -> tuple[in
     world = engine_args.tensor_parallel_size * engine_args.pipeline_parallel_size
     batched_defaults, seqs_defaults = engine_args.get_batch_defaults(world)
     budgets = {context: engine_args.max_num_batched_tokens or batched for context, batched in batched_defaults.items()}
-    short = [budgets[c] for c, seqs in seqs_defaults.items() if c in budgets and budgets[c] - slots * seqs <= 0]
+    short = {c: seqs for c, seqs in seqs_defaults.items() if c in budgets and budgets[c] - slots * seqs <= 0}
     if not short:  # the defaults fit in every usage context (offline LLM, vllm serve)
         return None
-    seqs = 1 << max(0, (min(short) // (2 * slots)).bit_length() - 1)
+    seqs = 1 << max(0, (min(budgets[c] for c in short) // (2 * slots)).bit_length() - 1)
+    overrides.warn(overrides.DRAFT_SLOTS, max(short.values()), seqs, overrides.VLLM_DEFAULT)
     hooks.bind("vllm.engine.arg_utils:EngineArgs.max_num_seqs", engine_args, seqs)
     return engine_args.max_num_seqs, slots
 

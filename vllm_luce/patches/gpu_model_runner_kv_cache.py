@@ -17,7 +17,7 @@ def binding_wrapper(target: str):
 
     Not on a profiling call (``is_profiling``): V1 sizes its CUDA graphs' memory with a minimal KV cache first and
     the real one follows. Bound there too, every pooled layer captured its queries twice a step (a second gather
-    per layer in each decode graph, found in an H200 profile), and a stale runtime kept its pinned host slab."""
+    per layer in each decode graph), and a stale runtime kept its pinned host slab."""
 
     def make(original):
         @functools.wraps(original)

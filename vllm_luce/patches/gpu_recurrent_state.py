@@ -4,8 +4,8 @@ that step left it (see LEDGER and ``spec_decode/recurrent_state.py``).
 vLLM 0.26's V1 runner sends a row without drafts through the plain decode path, which reads the recurrent state at
 slot 0 and offset 0; after a verify step that accepted drafts the state is at slot a - 1. The DFlash gate's plain
 steps are such rows (so are a stopped request's and a row whose drafts verify width cut to none): on the GPU the
-trained Qwen3.6 pair's gated greedy output left plain decoding's at a confident token (top-2 gaps 1.5 and 3.6,
-tier at 351d77c). After ``_prepare_inputs`` (which has the rows' accepted counts on the GPU) each such row's state
+trained Qwen3.6 pair's gated greedy output left plain decoding's at a confident token (docs/gpu.md). After
+``_prepare_inputs`` (which has the rows' accepted counts on the GPU) each such row's state
 is moved to slot 0 before the forward. Only steps that follow a verify step pay for it.
 """
 

@@ -1,5 +1,5 @@
 """The patch ledger: one entry per vLLM target vllm-luce patches, saying why it exists, how it works and when
-it can be removed (rendered into docs/architecture.md by ``python -m tests.test_docs --write-ledger``)."""
+it can be removed (rendered into docs/vllm_touches.md by ``python -m tests.test_docs --write-ledger``)."""
 
 from __future__ import annotations
 
@@ -166,9 +166,9 @@ LEDGER: tuple[LedgerEntry, ...] = (
         module="vllm_luce.patches.gpu_recurrent_state",
         why="vLLM 0.26 bug: in a speculating engine on a hybrid target (Qwen3.5/3.6), a decode row without drafts "
             "reads its Gated DeltaNet state at slot 0 and conv offset 0, where a verify step that accepted drafts "
-            "left it at slot a - 1. The DFlash gate's plain steps are such rows: on an H200 the trained Qwen3.6 "
-            "pair's gated greedy output left plain decoding's at a token both runs were sure of (351d77c); with "
-            "this patch it equals plain decoding at TP=1 and TP=2 (0ad9513).",
+            "left it at slot a - 1. The DFlash gate's plain steps are such rows: on a GPU the trained Qwen3.6 "
+            "pair's gated greedy output left plain decoding's at a token both runs were sure of; with this patch "
+            "it equals plain decoding at TP=1 and TP=2 (docs/gpu.md).",
         how="Wraps V1's _prepare_inputs (vLLM 0.26, mamba_cache_mode none: without prefix caching): after it, for "
             "each row that decodes one token without "
             "drafts while its request verified drafts in the step before, moves every GDN layer's ssm slot a - 1 "
@@ -300,7 +300,7 @@ LEDGER += (
             "the runner's block tables, attention groups and request states once they exist.",
         how="Wraps V2's initialize_kv_cache: afterwards kvflash.worker_v2.bind_v2 binds (instance attributes "
             "only: BlockTables.append_block_ids and compute_slot_mappings, the pooled group's metadata "
-            "builders, the pooled layers' impl.forward, finish_requests). Untested end to end (no GPU vLLM).",
+            "builders, the pooled layers' impl.forward, finish_requests, prepare_attn).",
         remove_when="As for V1: a worker-side hook for custom KV cache specs.",
     ),
 )

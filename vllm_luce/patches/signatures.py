@@ -1,4 +1,5 @@
-"""Signatures of vLLM functions read from their source text, the one form the ledger records.
+"""Signatures of vLLM functions read from their source text, the one form the ledger and the hook table record
+(for a name that is no function: whether the release has it as a class, an attribute or a module).
 
 The same reader serves the patch-time check (the installed vLLM's source of the function about to be
 wrapped) and the snapshots of each supported vLLM release (``scripts/vllm_signatures.py`` reads the
@@ -34,32 +35,67 @@ def _definitions(body: list[ast.stmt]) -> dict[str, ast.AST]:
     for node in body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names[node.name] = node
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+        elif isinstance(node, ast.ImportFrom):
             for alias in node.names:
                 names[alias.asname or alias.name] = node
     return names
 
 
+def _absolute(node: ast.ImportFrom, package: str) -> str:
+    """The module a ``from`` import names, relative ones resolved against the importing module's package."""
+    if not node.level:
+        return node.module
+    base = package.split(".")[:len(package.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+CLASS, ATTRIBUTE, MODULE = "class", "attribute", "module"  # what in_tree records for a target that is no function
+
+
+def _assigned(scope: ast.AST, name: str) -> bool:
+    """Whether a module or class body assigns ``name``, or a method of the class stores ``self.name``."""
+    for node in scope.body:
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+        if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+            return True
+    if not isinstance(scope, ast.ClassDef):
+        return False
+    for node in ast.walk(scope):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Attribute) and t.attr == name and isinstance(t.value, ast.Name)
+               and t.value.id == "self" for t in targets):
+            return True
+    return False
+
+
 def in_tree(root: Path, target: str, _depth: int = 0) -> str | None:
-    """The signature of ``module:Owner.name`` in a source tree (a wheel's contents), or None where the
-    release lacks it. Follows ``from module import name [as alias]`` to the defining module, and a
-    method a class inherits to the base class (named in the module or imported) that defines it."""
+    """What ``module:Owner.name`` is in a source tree (a wheel's contents): a function's signature, ``CLASS``,
+    ``ATTRIBUTE`` (assigned in the module or class body, or as ``self.name`` in a method of the class), ``MODULE``
+    for a bare module, or None where the release lacks it. Follows ``from module import name [as alias]`` to the
+    defining module, and a name a class inherits to the base class (named in the module or imported) that defines
+    it."""
     if _depth > 16:
         raise RecursionError(f"import or base-class chain too long resolving {target}")
     module, _, qualname = target.partition(":")
-    path = root / (module.replace(".", "/") + ".py")
+    path, package = root / (module.replace(".", "/") + ".py"), module.rpartition(".")[0]
     if not path.exists():
-        path = root / module.replace(".", "/") / "__init__.py"
+        path, package = root / module.replace(".", "/") / "__init__.py", module
     if not path.exists():
         return None
     scope: ast.AST = ast.parse(path.read_text(encoding="utf-8"))
+    if not qualname:
+        return MODULE
     parts = qualname.split(".")
     for depth, part in enumerate(parts):
         node = _definitions(scope.body).get(part)
         if isinstance(node, ast.ImportFrom):
             alias = next(a for a in node.names if (a.asname or a.name) == part)
             rest = ".".join([alias.name, *parts[depth + 1:]])
-            return in_tree(root, f"{node.module}:{rest}", _depth + 1)
+            return in_tree(root, f"{_absolute(node, package)}:{rest}", _depth + 1)
+        if node is None and depth == len(parts) - 1 and _assigned(scope, part):
+            return ATTRIBUTE
         if node is None and isinstance(scope, ast.ClassDef):
             rest = ".".join(parts[depth:])
             for base in scope.bases:
@@ -73,4 +109,4 @@ def in_tree(root: Path, target: str, _depth: int = 0) -> str | None:
         scope = node
     if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return _format(scope)
-    return None
+    return CLASS if isinstance(scope, ast.ClassDef) else None

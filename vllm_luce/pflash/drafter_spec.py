@@ -112,7 +112,13 @@ class DrafterSpec:
                                    f"config.json implies {list(shape)}")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt")  # pickle checkpoints: never read
+
+
+def has_tokenizer(spec: DrafterSpec) -> bool:
+    """Whether the drafter's folder carries a tokenizer of its own."""
+    return any((spec.path / name).is_file() for name in TOKENIZER_FILES)
 
 
 def read_headers(root: Path, where: str) -> dict[str, tuple[str, tuple[int, ...]]]:

@@ -6,13 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_luce.config import LuceConfig, LuceConfigError
-from vllm_luce.pflash.drafter_spec import DrafterError, DrafterSpec
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-def has_tokenizer(spec: DrafterSpec) -> bool:
-    return any((spec.path / name).is_file() for name in TOKENIZER_FILES)
+from vllm_luce.pflash.drafter_spec import DrafterError, DrafterSpec, has_tokenizer
 
 
 def install_pflash(vllm_config: Any, luce: LuceConfig) -> str | None:
@@ -57,6 +51,7 @@ def _install_worker_extension(vllm_config: Any) -> None:
     if current and current != EXTENSION:
         raise LuceConfigError(f"luce.pflash: needs --worker-extension-cls {EXTENSION}, but it is set to "
                               f"{current!r}; PFlash cannot share the worker extension with another class")
-    from vllm_luce import hooks
+    from vllm_luce import hooks, overrides
 
+    overrides.warn(overrides.WORKER_EXTENSION, current, EXTENSION)
     hooks.bind("vllm.config.parallel:ParallelConfig.worker_extension_cls", parallel, EXTENSION)

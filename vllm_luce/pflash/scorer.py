@@ -72,11 +72,12 @@ class DrafterScorer:
         return out
 
     WARM_UP_LENGTHS = (515, 4103, 4096)  # one key split and two; Triton specializes lengths divisible by 16
+    WARM_UP_SECONDS = 20  # roughly what compiling and tuning take on a GPU (docs/gpu.md, "Latest results")
 
     def warm_up(self) -> None:
         """On a GPU, score synthetic prompts so that Triton compiles and autotunes the scoring kernels at
-        load: left to the first request, that took 17-20 s of its time to first token on an H200 (later
-        requests scored in about 20 ms). Tuning keys are block sizes and head dims, never the length; the
+        load: left to the first request, it would be most of that request's time to first token (docs/gpu.md,
+        "Latest results"). Tuning keys are block sizes and head dims, never the length; the
         lengths cover the compiled variants (single or split keys, lengths divisible by 16 or not).
         Elsewhere nothing compiles."""
         if self.device.type == "cuda":

@@ -99,8 +99,9 @@ def gram_keys(ids: torch.Tensor, n: int) -> torch.Tensor:
 def anchor_chunks(token_ids: torch.Tensor, cfg: SelectionConfig, n_chunks: int,
                   tier: tuple[int, int] | None = None) -> list[int]:
     """Chunks forced by exact n-gram matches of the query (last tokens) in the body, latest n-gram first.
-    ``tier``: (radius, max_hits) instead of the prompt-length tier. One pass over the body's n-gram keys
-    (a loop of whole-body comparisons per query n-gram took 3 s at 64K tokens on the host)."""
+    ``tier``: (radius, max_hits) instead of the prompt-length tier. One pass over the body's n-gram keys: a loop of
+    whole-body comparisons per query n-gram, and ``torch.isin``, take far longer at 64K tokens (docs/benchmarks.md,
+    "Measurements behind design choices in the code")."""
     n, q = cfg.anchor_ngram, cfg.anchor_query_tokens
     ids = token_ids.flatten().long().cpu()
     body_len = ids.numel() - q
@@ -112,7 +113,7 @@ def anchor_chunks(token_ids: torch.Tensor, cfg: SelectionConfig, n_chunks: int,
     body_keys = gram_keys(body, n)
     wanted = torch.tensor(sorted(set(query_keys)))
     at = torch.searchsorted(wanted, body_keys).clamp_(max=wanted.numel() - 1)
-    found = (wanted[at] == body_keys).nonzero().flatten()  # (torch.isin took 0.4 s at 64K tokens)
+    found = (wanted[at] == body_keys).nonzero().flatten()  # faster than torch.isin (the docstring)
     positions: dict[int, list[int]] = {}
     for pos, key in zip(found.tolist(), body_keys[found].tolist()):
         positions.setdefault(key, []).append(pos)

@@ -3,6 +3,7 @@ target token ids to prefill (no vLLM import; ``worker.py`` binds it to a vLLM wo
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -11,8 +12,8 @@ from typing import Any, Callable
 import torch
 
 from vllm_luce import metrics
-from vllm_luce.log import logger, tag
-from vllm_luce.pflash.drafter_spec import DrafterSpec
+from vllm_luce.log import StartupStep, logger, tag
+from vllm_luce.pflash.drafter_spec import DrafterSpec, has_tokenizer
 from vllm_luce.pflash.scorer import DrafterScorer, ScoringConfig, choose_dtype
 from vllm_luce.pflash.scoring_queue import QueueConfig, ScoringQueue
 from vllm_luce.pflash.selection import SelectionConfig, select
@@ -34,6 +35,27 @@ class Compressed:
         return dict(self.__dict__)
 
 
+def weight_bytes(spec: DrafterSpec, num_layers: int, dtype: torch.dtype) -> int:
+    """What the scorer holds on its device: the tensors of its first ``num_layers`` layers, in ``dtype``."""
+    return sum(math.prod(shape) for shape in spec.expected_shapes(num_layers).values()) * dtype.itemsize
+
+
+def load_scorer(spec: DrafterSpec, device: torch.device, dtype: torch.dtype, scoring: ScoringConfig) -> DrafterScorer:
+    """The drafter's scorer on ``device``, warmed up; each step announced with its size before it starts."""
+    layers = scoring.early_exit_layers or spec.num_layers
+    step = StartupStep(f"PFlash: loading the drafter {spec.path.name} onto {device}",
+                       f"{weight_bytes(spec, layers, dtype) / 2**30:.2f} GiB, {layers} layers")
+    scorer = DrafterScorer(spec, device, dtype, scoring)
+    step.done("PFlash: drafter loaded")
+    if device.type == "cuda":  # elsewhere nothing compiles
+        lengths = ", ".join(map(str, DrafterScorer.WARM_UP_LENGTHS))
+        step = StartupStep("PFlash: compiling and tuning the scoring kernels", f"prompts of {lengths} tokens",
+                           DrafterScorer.WARM_UP_SECONDS)
+        scorer.warm_up()
+        step.done("PFlash: scoring kernels ready")
+    return scorer
+
+
 class PFlashService:
     def __init__(self, drafter: str, device: torch.device | str, selection: SelectionConfig,
                  scoring: ScoringConfig = ScoringConfig(), dtype: str = "auto",
@@ -42,14 +64,11 @@ class PFlashService:
         """``target_tokenizer``: loads the target's tokenizer; called only when the drafter has its own. ``queue``:
         the bound and deadline of started passes. ``metric_labels``: where given, the queue's depth and waiting
         time go to ``/metrics`` with these labels."""
-        from vllm_luce.pflash.install import has_tokenizer
-
         t0 = time.perf_counter()
         self.spec = DrafterSpec.load(drafter)
         self.selection = selection
         device = torch.device(device)
-        self.scorer = DrafterScorer(self.spec, device, choose_dtype(device, dtype), scoring)
-        self.scorer.warm_up()
+        self.scorer = load_scorer(self.spec, device, choose_dtype(device, dtype), scoring)
         self.bridge: TextBridge | None = None
         if has_tokenizer(self.spec) and target_tokenizer is not None:
             from transformers import AutoTokenizer

@@ -41,9 +41,10 @@ class GateConfig:
     min_samples: int = 4  # measured steps of each mode before a regime decides: two runs of each
     # A speculative step commits 1 + the drafts accepted before the first wrong one, so at moderate acceptance its
     # rate is heavy-tailed (at 0.5 per position half the verify steps commit one token). Averaged over ~4 steps
-    # (0.25), chance runs of such steps flipped a regime to plain, where it stayed until the next re-run: on an H200
-    # at batch 1 the gate ran 0.905x fixed DFlash (benchmarks/dflash_gate_sim.py reproduces it: 0.900). Over ~16
-    # steps it keeps 0.99x; a regime whose winner really changes switches at its next re-run as before.
+    # (0.25), chance runs of such steps flipped a regime to plain, where it stayed until the next re-run, and the
+    # gate fell behind fixed DFlash at batch 1 (benchmarks/dflash_gate_sim.py reproduces it). Averaged over ~16
+    # steps it keeps up (docs/benchmarks.md, "DFlash gate: what each mechanism gains"); a regime whose winner
+    # really changes switches at its next re-run.
     smoothing: float = 1 / 16  # weight of a new sample in the moving averages (their first samples: plain mean)
     explore_budget: float = 0.005  # share of time re-running the losing mode may lose against the winner
     explore_every: int = 64  # fewest steps of a regime between two such re-runs
@@ -52,10 +53,10 @@ class GateConfig:
     retry_after: int = 64  # gate steps a stopped request waits before drafting again
     # A request's acceptance varies a lot from step to step (a drafter right 90% of the time per position accepts
     # 0-3 drafts in a third of its verify steps). Judged on a short average, requests of such a drafter were
-    # stopped by chance and finished last, at one token a step (measured on an H200: gated 0.89x fixed DFlash at
-    # 128 requests). So a request stops only when even the upper end of its average's spread (three standard
-    # errors; with two, a third of a drafter's requests at 1.0 accepted against a break-even of 0.8 stopped by
-    # chance, and gated ran 0.91x fixed DFlash at batch 16) stays below break-even for ``patience`` steps.
+    # stopped by chance and finished last, at one token a step, and the gate fell behind fixed DFlash. So a request
+    # stops only when even the upper end of its average's spread (three standard errors; with two, a third of a
+    # drafter's requests at 1.0 accepted against a break-even of 0.8 stopped by chance) stays below break-even for
+    # ``patience`` steps (docs/benchmarks.md, "DFlash gate: what each mechanism gains").
     request_smoothing: float = 0.1  # weight of a verify step in a request's average acceptance
     min_request_samples: int = 12  # verify steps before a request may be stopped
 

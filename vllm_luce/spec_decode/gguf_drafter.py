@@ -248,11 +248,16 @@ def materialize(gguf_path: str | Path, cache_root: str | Path | None = None) -> 
     """A z-lab directory vLLM can load, converted once per GGUF content (cached by sha256)."""
     from safetensors.torch import save_file
 
+    from vllm_luce.log import StartupStep
+
     gguf_path = Path(gguf_path)
+    step = StartupStep(f"DFlash: preparing the GGUF drafter {gguf_path} for vLLM (a hash, then a conversion to "
+                       "safetensors unless one is cached)", f"{gguf_path.stat().st_size / 2**30:.2f} GiB")
     digest = hashlib.sha256(gguf_path.read_bytes()).hexdigest()[:16]
     root = Path(cache_root or os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-luce" / "drafters"
     out = root / f"{gguf_path.stem}-{digest}"
     if (out / "model.safetensors").is_file():
+        step.done(f"DFlash: GGUF drafter ready at {out} (cached conversion)")
         return out
     config, state = read_gguf(gguf_path)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -265,4 +270,5 @@ def materialize(gguf_path: str | Path, cache_root: str | Path | None = None) -> 
         shutil.rmtree(tmp, ignore_errors=True)
     else:
         os.replace(tmp, out)
+    step.done(f"DFlash: GGUF drafter ready at {out} (converted now)")
     return out

@@ -47,9 +47,12 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
         raise LuceConfigError(
             f"--scheduler-cls {current}: vllm-luce's DFlash gate needs its own scheduler class; drop "
             "--scheduler-cls or set --additional-config '{\"luce\": {\"dflash\": {\"gate\": false}}}'")
-    from vllm_luce import hooks
+    from vllm_luce import hooks, overrides
 
-    hooks.bind(SCHEDULER_CLS, sched, GATED_SCHEDULERS[bool(getattr(sched, "async_scheduling", False))])
+    installed = GATED_SCHEDULERS[bool(getattr(sched, "async_scheduling", False))]
+    if current in VLLM_DEFAULT_SCHEDULERS:  # a KVFlash class here was set by vllm-luce (a copied config)
+        overrides.warn(overrides.GATE_SCHEDULER, current, installed)
+    hooks.bind(SCHEDULER_CLS, sched, installed)
     set_graph_table(vllm_config)  # Model Runner V2 on CUDA: one-token decode graphs for plain steps
     context_stash_tokens(dflash.plain_context_stash, vllm_config)  # refuses a number where the stash cannot apply
     return sched.scheduler_cls

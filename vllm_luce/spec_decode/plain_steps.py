@@ -1,8 +1,8 @@
 """Plain steps as cheap as vLLM without speculation, on Model Runner V2 (the GPU default for dense targets).
 
-A plain step is one where the gate asked for no drafts (``num_spec_tokens_to_schedule`` 0). Measured on an H200
-(docs/benchmarks.md), such a step inside a DFlash engine cost about twice a step of vLLM without speculation, for
-two reasons this module removes:
+A plain step is one where the gate asked for no drafts (``num_spec_tokens_to_schedule`` 0). Inside a DFlash engine
+such a step costs more than a step of vLLM without speculation, for two reasons this module removes
+(docs/benchmarks.md, "DFlash: output tokens/s by concurrency"):
 
 * **Graphs.** V2 captures full CUDA graphs for decode batches of ``1 + K`` tokens per request only, so a batch of
   one token per request ran piecewise (attention outside the graph). V2 also captures one graph set per draft
@@ -18,7 +18,7 @@ two reasons this module removes:
   a plain step then runs that part alone, eagerly.
 * **The context write, vLLM 0.26:** ``dflash.plain_context_stash`` (on by default there) holds plain steps'
   context inputs and writes them in one pass later (``bind_context_stash``, ``context_stash.py``): it recovers
-  about two thirds of what a plain step costs beyond vLLM alone (docs/benchmarks.md).
+  most of what a plain step costs beyond vLLM alone (docs/benchmarks.md, "DFlash: output tokens/s by concurrency").
 
 V1 (hybrid targets) already skips the drafter (``patches/dflash_proposer.py``); its plain steps still run
 piecewise graphs (vLLM's V1 captures one decode length).
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_luce import hooks
+from vllm_luce import hooks, overrides
 from vllm_luce.config import LuceConfigError
 from vllm_luce.log import logger, tag
 from vllm_luce.spec_decode.context_stash import ContextStash
@@ -49,7 +49,7 @@ def v2_on_cuda(vllm_config) -> bool:
         and vllm_config.parallel_config.data_parallel_size == 1
 
 
-AUTO_CONTEXT_STASH = 1024  # tokens (40 MB at Qwen3-8B-DFlash's shape); docs/benchmarks.md, "DFlash plain step"
+AUTO_CONTEXT_STASH = 1024  # tokens, 40 MB at Qwen3-8B-DFlash's shape (docs/dflash.md, "Limits")
 
 
 def context_stash_tokens(setting: int | str, vllm_config: Any) -> int:
@@ -80,6 +80,7 @@ def set_graph_table(vllm_config) -> bool:
     spec = vllm_config.speculative_config
     table = graph_table(spec.num_speculative_tokens, vllm_config.scheduler_config.max_num_seqs)
     if spec.num_speculative_tokens_per_batch_size != table:
+        overrides.warn(overrides.GATE_GRAPH_TABLE, spec.num_speculative_tokens_per_batch_size, table)
         hooks.bind(TABLE_SETTING, spec, table)
     return True
 

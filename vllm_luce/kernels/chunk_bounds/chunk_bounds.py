@@ -3,7 +3,7 @@
 ``key_bounds``: a full chunk's summary for every pooled layer in one launch, read straight from the
 KV caches through the chunk's slots: per page of ``page_tokens`` tokens and KV head, the element-wise
 minimum and maximum of the post-RoPE keys, written directly as fp8 e5m2 rounded outward
-(``policies.outward_fp8``). One program per (layer, KV head, page); only K is read, nothing is staged.
+(``naive.outward_fp8``). One program per (layer, KV head, page); only K is read, nothing is staged.
 The fp8 bytes are built with integer arithmetic that restates torch's fp32 -> e5m2 conversion
 (round to nearest even, overflow to infinity, NaN kept), so the summary equals the torch path's bit for
 bit: Triton's own fp32 -> fp8 cast on Hopper saturates (``cvt.rn.satfinite``), which would turn an
@@ -80,7 +80,7 @@ def _key_bounds_kernel(cache_base, layer_offsets, slots, out_ptr,
         nan = tl.maximum(nan, tl.max((ok & (k != k)).to(tl.int32), axis=0))  # min/max of a NaN is NaN (torch)
     lo = tl.where(nan > 0, float("nan"), lo)
     hi = tl.where(nan > 0, float("nan"), hi)
-    # policies.outward_fp8: widen by e5m2's relative spacing 1/4, then by 2^-15 for values below its subnormals
+    # naive.outward_fp8: widen by e5m2's relative spacing 1/4, then by 2^-15 for values below its subnormals
     lo = tl.where(lo > 0, lo * 0.75, lo * 1.25) - 3.0517578125e-05
     hi = tl.where(hi > 0, hi * 1.25, hi * 0.75) + 3.0517578125e-05
     out = out_ptr + layer.to(tl.int64) * stride_ol + page * stride_op + head * stride_oh + dims

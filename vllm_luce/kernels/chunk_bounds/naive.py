@@ -1,12 +1,21 @@
 """Plain PyTorch references of chunk_bounds, written for clarity rather than speed. The storage format is
-``policies.outward_fp8``'s; ``bound_scores_naive`` is the torch path of ``policies.bound_layer_scores``."""
+``outward_fp8``'s; ``bound_scores_naive`` is the torch path of ``policies.bound_layer_scores``."""
 
 from __future__ import annotations
 
 import torch
 
 from vllm_luce.kernels.chunk_copy.naive import gather_tokens_naive
-from vllm_luce.kvflash.policies import outward_fp8
+
+
+def outward_fp8(bounds: torch.Tensor) -> torch.Tensor:
+    """[..., 2 (min, max), D] bounds as fp8 e5m2, rounded outward (the minimum down, the maximum up), so they
+    still bound every key. e5m2 spans +-57344, so no key is out of range; its relative spacing is 1/4, hence
+    the 5/4 and 3/4 factors, and 2^-15 carries values below its subnormals outward too."""
+    lo, hi = bounds[..., 0, :].float(), bounds[..., 1, :].float()
+    lo = torch.where(lo > 0, lo * 0.75, lo * 1.25) - 2.0 ** -15
+    hi = torch.where(hi > 0, hi * 1.25, hi * 0.75) + 2.0 ** -15
+    return torch.stack([lo, hi], dim=-2).to(torch.float8_e5m2)
 
 
 def key_bounds_naive(caches: list[torch.Tensor], slots: torch.Tensor, head_dim: int, page_tokens: int) -> torch.Tensor:

@@ -9,8 +9,9 @@ token-major (the default NHD stride order, where one token's heads are one dense
 through the cache's own strides and works for every such layout.
 
 Paging a 64-token chunk of a Qwen3-8B-shaped model touches 36 layers. Indexing each layer with torch
-costs a launch per layer (two with the slot arithmetic), so page-out was launch-bound (0.44 ms for
-9.4 MB on an H200). Here one program copies one (token, layer, run), where a run is a token's heads
+costs a launch per layer (two with the slot arithmetic), so paging that way is launch-bound
+(docs/benchmarks.md, "KVFlash paging throughput (GPU)"). Here one program copies one (token, layer, run), where a
+run is a token's heads
 when they are contiguous and one head otherwise; layers are reached through their element offsets
 from the first cache's base pointer (all caches share shape, strides and dtype). Duplicate slots in a
 scatter leave one of the writes, unspecified which (as torch's index_put).

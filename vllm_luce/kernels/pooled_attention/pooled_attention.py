@@ -132,8 +132,8 @@ def _multiprocessors(device: torch.device) -> int:
 
 def default_splits(programs: int, entries: int, device: torch.device) -> int:
     """Splits of the page table so that about two programs per multiprocessor run, each walking at
-    least 4 entries; 1 under the interpreter or when the requests already fill the GPU. Measured on an
-    H200 (docs/benchmarks.md): 2 per multiprocessor beat 1 and 4 at batch 1 and 8."""
+    least 4 entries; 1 under the interpreter or when the requests already fill the GPU. Two per multiprocessor
+    beat one and four in the split sweep (docs/benchmarks.md, "KVFlash pooled attention (GPU)")."""
     if device.type != "cuda" or is_interpreter():
         return 1
     return max(1, min(2 * _multiprocessors(device) // programs, entries // 4))
@@ -177,8 +177,8 @@ def pooled_attention_varlen(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch
     if max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     block_d = max(16, triton.next_power_of_2(D))
-    # key rows per tile, at most one chunk (one slot: contiguous rows); measured on an H200, tiles that
-    # span chunks through per-row slot lookups were 20% slower at decode and 1.8x at prefill
+    # key rows per tile, at most one chunk (one slot: contiguous rows): tiles that span chunks through per-row
+    # slot lookups are slower at decode and prefill (docs/benchmarks.md, "KVFlash pooled attention (GPU)")
     block_n = min(block_n or (64 if block_d <= 128 else 32 if block_d <= 256 else 16), max(16, chunk))
     # A tile holds whole GQA groups: one token for decode, up to 64 rows (fewer for wide heads) for prefill.
     tokens = max(1, (64 if block_d <= 128 else 32 if block_d <= 256 else 16) // group) if max_query_len > 1 else 1
