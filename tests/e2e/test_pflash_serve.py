@@ -130,18 +130,23 @@ def test_beyond_the_queue_limit_prompts_complete_uncompressed_and_are_counted(se
 
 
 def test_a_client_that_disconnects_while_its_prompt_is_queued_leaves_nothing_held(server, client, cases):
-    """Two long prompts keep the scorer busy; a third client gives up (a read timeout closes its connection) while
+    """Two longer prompts keep the scorer busy; a third client gives up (a read timeout closes its connection) while
     its prompt waits behind them. Its pass is cancelled, rank 0's queue ends up holding nothing, and the server
     goes on answering."""
     case = cases[0]
     before = scrape(server.base_url)
     body = {"model": "tiny", "prompt": case.prompt, "max_tokens": 2, "temperature": 0}
+    # 1.75x the case's tokens (within max_model_len): two passes of 0.3-0.9 s on the CI hosts queue the third
+    # prompt well past the moment its client gives up (0.45 s)
+    filler = {**body, "prompt": case.prompt + case.prompt[: len(case.prompt) * 3 // 4]}
     with ThreadPoolExecutor(2) as pool:
-        fillers = [pool.submit(client.completions.create, **body) for _ in range(2)]
+        fillers = [pool.submit(client.completions.create, **filler) for _ in range(2)]
         time.sleep(0.15)
-        with pytest.raises(httpx.ReadTimeout):  # each pass takes about 0.5 s on the CI machine: still queued
+        with pytest.raises(httpx.ReadTimeout):
             httpx.post(server.base_url + "/completions", json=body, timeout=httpx.Timeout(30, read=0.3))
-        assert all(f.result().usage.prompt_tokens < case.prompt_tokens for f in fillers)
+        assert all(f.result().choices[0].finish_reason == "length" for f in fillers)
+    compressed_before = text_metric(before, "vllm:luce_pflash_prompts_total", outcome="compressed")
+    assert _prompts(server, "compressed") == compressed_before + 2  # the fillers were scored
     cancelled_before = text_metric(before, "vllm:luce_pflash_prompts_total", outcome="cancelled")
     assert _prompts(server, "cancelled") == cancelled_before + 1
     text = _queue_settled(server, text_metric(before, "vllm:luce_pflash_queued_prompts_total") + 3)

@@ -263,6 +263,7 @@ def test_cold_chunks_fill_the_store_beyond_the_pool_before_host_memory():
 def test_a_swap_with_the_cold_positions_full_moves_chunks_both_ways_and_needs_no_host_memory():
     """A reselection with every cold position in use: its page-ins free their positions before its page-outs take
     them, so the swap stays inside the store, and every chunk comes back bit-exact."""
+    torch.manual_seed(0)  # summaries below: the wanted chunks outscore the resident ones whatever ran before
     p, qk = pager(cold_chunks=4), QK()
     layers, hkv, d = 1, 3, 8
     for _ in range(11):  # 12 chunks, the last one partial (the decode token below stays in it): 8 resident, 4 cold
@@ -322,3 +323,19 @@ def test_a_request_s_first_page_out_asks_the_budget_with_its_bytes():
     for _ in range(10):
         grow(p, CHUNK, lru)
     assert p.host_bytes() == 0 and p.stats.dropped == 2
+
+
+def test_a_step_that_writes_several_chunks_and_reselects_scores_only_chunks_written_before_it():
+    """A resumed request recomputes its prompt and output in steps of many chunks, its generated tokens counted
+    as decoded, so such a step reselects. The chunks it writes have no bytes (nor summary) until the step runs:
+    only chunks complete before it are scored and may be swapped out."""
+    p = pager(pool_chunks=8)
+    p.queries = torch.randn(2, 6, SHAPE[-1])
+    policy = QK()
+    step = p.config.max_step_tokens  # 5 chunks
+    grow(p, step, policy)  # the prompt's first step: nothing paged out yet
+    grow(p, step, policy, decoded=step)  # 5 new chunks past a pool of 8: 2 paged out, then the first reselection
+    assert p.stats.page_outs >= 2 and p.stats.reselections == 1
+    written = set(range(step // CHUNK, 2 * step // CHUNK))
+    assert not written & set(p.paged_out())  # nothing written by the step left the pool in it
+    assert_pool_holds_logical_tokens(p)

@@ -254,8 +254,9 @@ class RequestPager:
         end_chunks = self.chunks_for(start + num_new)
         new_chunks = list(range(self.num_chunks, end_chunks))
         excess = len(self.resident) + len(new_chunks) - self.config.pool_chunks
+        first_written = start // self.config.chunk_tokens  # this step's chunks have no bytes until it runs
         if excess > 0:
-            self._evict(policy, excess, end_chunks, first_written=start // self.config.chunk_tokens)
+            self._evict(policy, excess, end_chunks, first_written)
         self.num_tokens = start + num_new
         for chunk in new_chunks:
             self.resident.append(chunk)
@@ -276,7 +277,7 @@ class RequestPager:
             if settle is not None:  # the step before, still on the device, is not the reselection's time
                 settle()
             t0 = time.perf_counter()
-            loads = self._reselect(policy)
+            loads = self._reselect(policy, first_written)
             self._relayout(dict(loads))
             self.stats.reselect_s += time.perf_counter() - t0
         else:
@@ -369,13 +370,15 @@ class RequestPager:
         self.stats.page_outs += 1
         self.stats.bytes_out += _nbytes(data)
 
-    def _reselect(self, policy) -> list[tuple[int, torch.Tensor | int]]:
-        """Swap in paged-out chunks that outscore resident evictable ones; returns (chunk, source) loads: host
-        bytes, or the cold position the chunk leaves. The page-ins give back their places before the page-outs take
-        theirs, so a swap never needs room it frees."""
+    def _reselect(self, policy, first_written: int) -> list[tuple[int, torch.Tensor | int]]:
+        """Swap in paged-out chunks that outscore resident evictable ones written before this step (a step of many
+        chunks, as a resumed request's recompute, reselects before its own chunks hold bytes); returns (chunk,
+        source) loads: host bytes, or the cold position the chunk leaves. The page-ins give back their places
+        before the page-outs take theirs, so a swap never needs room it frees."""
         self.decoded_since_reselect, self.reselected = 0, True
         self.stats.reselections += 1
-        resident, away = self.evictable(), self.paged_out()
+        resident = [c for c in self.evictable() if c < first_written]
+        away = self.paged_out()
         if not resident or not away:
             return []
         scores = torch.as_tensor(policy.scores(self, resident + away), dtype=torch.float32)
