@@ -1,9 +1,9 @@
-"""Load test through `vllm serve` + `openai` (``benchmarks/load_test.py``): 300 requests over 32 concurrent
-streams, short and long prompts, greedy and sampled, on the trained Qwen3.6-architecture model.
+"""Load test through `vllm serve` + `openai` (``benchmarks/load_test.py``): the workload's first 200 requests over 32
+concurrent streams, short and long prompts, greedy and sampled, on the trained Qwen3.6-architecture model.
 
 Two servers run one after another: features off (the reference) and all three features. The features server
-runs the whole workload; the reference runs only the requests the comparison reads (``L.compared``: the 150
-greedy short ones). Every request completes without error; greedy requests where the features are lossless
+runs all 200; the reference runs only the requests the comparison reads (``L.compared``: the 100 greedy short
+ones). Every request completes without error; greedy requests where the features are lossless
 (short prompts: the KVFlash pool covers them and PFlash leaves them alone) equal the reference, up to bf16
 near-ties; host memory grows at most 5% after warm-up; `/metrics` shows each feature at work and, once idle,
 no KVFlash pager or host page held. The KVFlash + PFlash server that measures what DFlash's gate costs under
@@ -24,8 +24,8 @@ from fixtures import serve_load as L
 
 pytestmark = pytest.mark.e2e
 
-REQUESTS, STREAMS = 300, 32
-WARMUP = 60  # requests done before the first memory sample
+REQUESTS, STREAMS = 200, 32  # the benchmark runs 300; CI's 30 minutes hold 200
+WARMUP = 40  # requests done before the first memory sample
 
 
 @pytest.fixture(scope="module")
