@@ -5,7 +5,7 @@
 
 Writes tests/patches/vllm_signatures/<version>.json: {name: what the release has there}, for every patch target of
 the ledger and every name a row of vllm_luce/hooks.py checks: a function's signature, "class", "attribute", or
-null where the release lacks it (``patches.signatures.in_tree``). tests/patches/test_ledger_versions.py checks the
+null where the release lacks it (``source_signatures.in_tree``). tests/patches/test_ledger_versions.py checks the
 ledger and the hook table against every version the README claims. A wheel is downloaded into $VLLM_LUCE_WHEELS
 (default /tmp/vllm-wheels), its Python sources extracted there (vllm-<version>-src/) and the wheel deleted; nothing
 is imported or installed.
@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from vllm_luce.compat import SNAPSHOT_RELEASES  # noqa: E402
+from vllm_luce import source_signatures  # noqa: E402
+from vllm_luce.hook_ledger import LEDGER  # noqa: E402
 from vllm_luce.hooks import HOOKS  # noqa: E402
-from vllm_luce.patches import signatures  # noqa: E402
-from vllm_luce.patches.ledger import LEDGER  # noqa: E402
 
 OUT = ROOT / "tests" / "patches" / "vllm_signatures"
 
@@ -55,7 +55,7 @@ def sources(version: str, cache: Path) -> Path:
 
 def snapshot(version: str, cache: Path) -> dict[str, str | None]:
     tree = sources(version, cache)
-    return {name: signatures.in_tree(tree, name) for name in names()}
+    return {name: source_signatures.in_tree(tree, name) for name in names()}
 
 
 def main(argv: list[str]) -> None:

@@ -1,7 +1,7 @@
 """The documentation stays true to the code. Every list here is read from the code, never typed in:
 docs/reference.md's configuration, metrics and compatibility tables are generated from
 `vllm_luce/config.py`'s SCHEMA, `vllm_luce/metrics/catalog.py`'s CATALOG and `vllm_luce/compat.py`;
-docs/vllm_touches.md's hook table and patch ledger from `vllm_luce/hooks.py` and `vllm_luce/patches/ledger.py`;
+docs/vllm_touches.md's hook table and patch ledger from `vllm_luce/hooks.py` and `vllm_luce/hook_ledger.py`;
 examples/ are checked against tests/e2e/test_examples.py and README.
 
     python -m tests.test_docs --write-ledger   # regenerate every generated section (reference, hook table, ledger)
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from vllm_luce.config import SCHEMA
-from vllm_luce.patches import LEDGER
+from vllm_luce.hook_ledger import LEDGER
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -26,7 +26,7 @@ TOUCHES = ROOT / "docs" / "vllm_touches.md"  # the hook table and the patch ledg
 ARCHITECTURE_MAX_LINES = 300
 REFERENCE = ROOT / "docs" / "reference.md"
 EXAMPLES_TEST = ROOT / "tests" / "e2e" / "test_examples.py"
-LEDGER_BEGIN = "<!-- generated from vllm_luce/patches/ledger.py by `python -m tests.test_docs --write-ledger` -->"
+LEDGER_BEGIN = "<!-- generated from vllm_luce/hook_ledger.py by `python -m tests.test_docs --write-ledger` -->"
 LEDGER_END = "<!-- end of the generated ledger -->"
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from vllm_luce import hook_signatures, hooks
 from vllm_luce.compat import SUPPORTED_SERIES
-from vllm_luce.patches import LEDGER, signatures
+from vllm_luce.hook_ledger import LEDGER
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "vllm_luce"

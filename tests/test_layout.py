@@ -9,7 +9,9 @@
 * ``vllm_luce`` (what pip installs) imports none of the three, nor the test environment's plugin
   ``testenv/luce_cpu_speedups`` (CPU speed-ups for the test hosts), and packaging ships only ``vllm_luce``.
 * That plugin imports none of ``tests``, ``benchmarks`` and ``fixtures`` either.
-* No module of ``vllm_luce`` imports itself back through others (function-level imports included).
+* No module of ``vllm_luce`` imports itself back through others (function-level imports included), nor does any of
+  its packages, and the packages stand in layers (``LAYERS``): the features side by side on the base, the seams
+  where two features meet, the vLLM bindings on top.
 """
 
 import ast
@@ -160,6 +162,84 @@ def test_the_cycle_rule_catches_a_lazy_cycle(tmp_path):
     graph = module_imports(tmp_path, "pkg")
     assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.a"} and graph["pkg.c"] == {"pkg.a"}
     assert cycles(graph) == [["pkg.a", "pkg.sub.b"]]
+
+
+def package_of(module: str) -> str:
+    """A module's package: the first-level subpackage or top-level module of the root package it lies in
+    (``vllm_luce.kvflash.pager`` -> ``kvflash``, ``vllm_luce.hooks`` -> ``hooks``); the root's own
+    ``__init__`` is the root (``vllm_luce``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def package_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph folded onto packages (``package_of``): each package -> the other packages it imports."""
+    packages: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        packages.setdefault(package_of(module), set()).update(package_of(t) for t in targets)
+    return {package: targets - {package} for package, targets in packages.items()}
+
+
+# The layers of vllm_luce's packages, bottom up. A package imports only packages of its own layer or lower ones,
+# except that a feature imports no other feature: what two features share goes through a seam.
+BASE = {"version", "compat", "config", "log", "request_args", "overrides", "metrics", "kernels",
+        "hooks", "hook_ledger", "hook_overrides", "hook_signatures", "source_signatures",  # the touch table
+        "architectures", "checkpoint_headers"}
+FEATURES = {"kvflash", "spec_decode", "pflash"}
+SEAMS = {"scorer_policy",  # KVFlash's scorer policy on PFlash's drafter (kvflash -> scorer_policy -> pflash)
+         "schedulers"}  # the DFlash gate's scheduler classes, with KVFlash's mixin
+BINDINGS = {"patches", "model_executor", "vllm_luce", "cli", "dry_run"}  # vLLM's patches and entry points
+LAYERS = {**dict.fromkeys(BASE, 0), **dict.fromkeys(FEATURES, 1), **dict.fromkeys(SEAMS, 2),
+          **dict.fromkeys(BINDINGS, 3)}
+
+
+def layer_breaches(packages: dict[str, set[str]]) -> list[str]:
+    found = [f"{p}: in no layer of tests/test_layout.py" for p in sorted(packages) if p not in LAYERS]
+    for package, targets in sorted(packages.items()):
+        for target in sorted(targets):
+            if package not in LAYERS or target not in LAYERS:
+                continue
+            if package in FEATURES and target in FEATURES:
+                found.append(f"{package} -> {target}: features meet only through a seam")
+            elif LAYERS[target] > LAYERS[package] and not (package in FEATURES and target in SEAMS):
+                found.append(f"{package} -> {target}: an import up the layers")
+    return found
+
+
+def test_no_package_of_the_plugin_imports_itself_back():
+    """No cycle among vllm_luce's packages (function-level imports included). A package is a first-level
+    subpackage (``kvflash/``, ``spec_decode/``, ``pflash/``, ``kernels/``, ``metrics/``, ``patches/``,
+    ``model_executor/``) or a top-level module (``hooks.py``, ``config.py``, ...); the root ``__init__.py`` (the
+    plugin's entry point, ``register()``) is the package ``vllm_luce``. ``package_of`` maps a module onto it."""
+    packages = package_imports(module_imports(ROOT, "vllm_luce"))
+    assert cycles(packages) == [], {p: sorted(t) for p, t in packages.items()}
+
+
+def test_the_packages_stand_in_their_layers():
+    """Base (settings, logging, vLLM versions, kernels, metrics, the touch table) < features (KVFlash, DFlash,
+    PFlash, side by side) < seams < bindings (patches, executors, entry points): no import runs up, no feature
+    imports another (a feature may import a seam that lies on another feature), and every package has a layer."""
+    assert layer_breaches(package_imports(module_imports(ROOT, "vllm_luce"))) == []
+
+
+def test_the_package_rules_catch_a_cycle_between_packages(tmp_path):
+    """Two packages that import each other through different files: no file cycle, a package cycle."""
+    for folder in ("pkg", "pkg/a", "pkg/b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "a" / "x.py").write_text("from pkg.b import y\n")
+    (tmp_path / "pkg" / "b" / "y.py").write_text("")
+    (tmp_path / "pkg" / "b" / "z.py").write_text("def f():\n    from ..a import w\n")
+    (tmp_path / "pkg" / "a" / "w.py").write_text("")
+    (tmp_path / "pkg" / "top.py").write_text("import pkg.a.x\n")
+    graph = module_imports(tmp_path, "pkg")
+    assert cycles(graph) == []
+    packages = package_imports(graph)
+    assert packages["a"] == {"b"} and packages["b"] == {"a"} and packages["top"] == {"a"} and packages["pkg"] == set()
+    assert cycles(packages) == [["a", "b"]]
+    assert layer_breaches({"kvflash": {"pflash", "patches", "scorer_policy"}, "hooks": {"kvflash"}, "new": set()}) == [
+        "new: in no layer of tests/test_layout.py", "hooks -> kvflash: an import up the layers",
+        "kvflash -> patches: an import up the layers", "kvflash -> pflash: features meet only through a seam"]
 
 
 def test_the_version_is_pyprojects():

@@ -10,7 +10,6 @@ from __future__ import annotations
 from vllm_luce.version import __version__  # noqa: F401 (the package's version, as pip reports it)
 
 _registered = False
-executors_description = "not registered"
 
 
 def register() -> None:
@@ -30,8 +29,7 @@ def register() -> None:
     if warning:
         logger.warning(warning)
     LuceConfig.from_sources()  # a bad VLLM_LUCE_* variable stops every process, not just one
-    global executors_description
-    executors_description = register_executors()
+    executors = register_executors()
     register_drafters()
     apply_patches()
     from vllm_luce import metrics
@@ -40,5 +38,4 @@ def register() -> None:
     _registered = True
     # Visible in the engine core and workers; the API server configures logging only after this
     # runs, so there the VllmConfig patch logs the same facts with the active features.
-    logger.info("%s: plugin registered on vLLM %s; executors: %s", tag(), vllm.__version__,
-                executors_description)
+    logger.info("%s: plugin registered on vLLM %s; executors: %s", tag(), vllm.__version__, executors)

@@ -19,7 +19,7 @@ def info() -> int:
     from vllm_luce.compat import is_supported, supported_range
     from vllm_luce.config import AVAILABLE_FEATURES, ENV_PREFIX, SCHEMA
     from vllm_luce.dry_run import check_environment, installed_vllm_version
-    from vllm_luce.model_executor.registry import EXECUTORS, executors_mode
+    from vllm_luce.architectures import EXECUTORS, executors_mode
 
     try:
         check_environment()

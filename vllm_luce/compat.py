@@ -59,6 +59,13 @@ def signature_series(version: str) -> str:
     return max(older, key=parse_version) if older else SUPPORTED_SERIES[0]
 
 
+def installed_series() -> str:
+    """The series whose ledger signatures apply to the installed vLLM (``signature_series``)."""
+    import vllm
+
+    return signature_series(vllm.__version__)
+
+
 def supported_range() -> str:
     """The pip specifier of the supported series."""
     lowest, highest = parse_version(SUPPORTED_SERIES[0]), parse_version(SUPPORTED_SERIES[-1])

@@ -45,7 +45,7 @@ def installed_vllm_version() -> str | None:
 def check_environment() -> None:
     """Raise for a `VLLM_LUCE_*` variable that stops every vLLM process at plugin registration (``register()``):
     an unknown name or a bad value of a setting, or a bad ``VLLM_LUCE_EXECUTORS``."""
-    from vllm_luce.model_executor.registry import executors_mode
+    from vllm_luce.architectures import executors_mode
 
     LuceConfig.from_sources()
     executors_mode()
@@ -240,7 +240,7 @@ def check(model: str, additional_config: dict | None = None, max_model_len: int 
     """Every resolved value of a configuration, a line each; raises one of CHECK_ERRORS where startup would stop."""
     from vllm_luce.version import __version__
     from vllm_luce.compat import check_vllm_version, supported_range
-    from vllm_luce.model_executor.registry import EXECUTORS, executors_mode
+    from vllm_luce.architectures import EXECUTORS, executors_mode
 
     check_environment()
     luce = LuceConfig.from_sources(additional_config)

@@ -15,7 +15,7 @@ SCHED, ASYNC_SCHED = "vllm.v1.core.sched.scheduler:Scheduler", "vllm.v1.core.sch
 KV_SPEC, KV_SCHED = "vllm_luce.kvflash.spec", "vllm_luce.kvflash.scheduler"
 GATE, DRAFTER = "vllm_luce.spec_decode.scheduler:DFlashGateMixin", "vllm_luce.spec_decode.drafter"
 DFLASH_MODEL = "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM"
-# The upstream classes of the executors (model_executor/registry.py's EXECUTORS), whose __init__ LuceExecutor wraps.
+# The upstream classes of the executors (architectures.py's EXECUTORS), whose __init__ LuceExecutor wraps.
 EXECUTOR_BASES = (
     "vllm.model_executor.models.qwen3_5:Qwen3_5ForCausalLM", "vllm.model_executor.models.qwen3_5:Qwen3_5MoeForCausalLM",
     "vllm.model_executor.models.qwen3_5:Qwen3_5ForConditionalGeneration",

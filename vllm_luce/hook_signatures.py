@@ -1,5 +1,5 @@
 """What each vLLM name the hook table relies on is, per supported vLLM series, apart from the patched targets
-(their signatures are the ledger's, ``patches/ledger.py``): a function's signature as ``patches.signatures`` reads
+(their signatures are the ledger's, ``hook_ledger.py``): a function's signature as ``source_signatures`` reads
 source, ``CLASS``, or ``ATTRIBUTE`` (assigned in the class body or as ``self.name`` in a method).
 
 ``tests/patches/test_ledger_versions.py`` checks every name of every row's ``checks`` against the snapshot of each
@@ -9,7 +9,7 @@ that rely on it before recording the new value here.
 
 from __future__ import annotations
 
-from vllm_luce.patches.signatures import ATTRIBUTE, CLASS
+from vllm_luce.source_signatures import ATTRIBUTE, CLASS
 
 # name -> what it is in vLLM 0.32
 EXPECTED: dict[str, str] = {

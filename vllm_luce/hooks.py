@@ -5,7 +5,7 @@ A row is one touch: its kind, the vLLM target, the vllm-luce functions, methods 
 vLLM names it relies on, each checked against the snapshot of every supported vLLM release
 (``tests/patches/test_ledger_versions.py``): a function's signature (the ledger's for a patched target,
 ``hook_signatures.py``'s for the others), or that a class or attribute exists. Patches add their ledger entry
-(``patches/ledger.py``) and the stage at which ``apply_patches`` applies them; feature installs say where vLLM runs
+(``hook_ledger.py``) and the stage at which ``apply_patches`` applies them; feature installs say where vLLM runs
 them; subclass overrides are ``hook_overrides.py``'s records.
 
 Nothing binds to vLLM outside this table:
@@ -35,8 +35,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from vllm_luce.hook_ledger import LEDGER, LedgerEntry
 from vllm_luce.hook_overrides import EXECUTOR_BASES, OVERRIDES
-from vllm_luce.patches.ledger import LEDGER, LedgerEntry
 
 REGISTRY = "registry"
 CLASS_PATH = "class-path setting"
@@ -118,6 +118,14 @@ DFLASH_MODEL, BUILDER = "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForC
     "vllm.v1.attention.backend:AttentionMetadataBuilder"
 PLUGINS = ("vllm.plugins:load_general_plugins", "vllm.plugins:DEFAULT_PLUGINS_GROUP")
 
+# The classes vllm-luce sets as vLLM's scheduler_cls, by async_scheduling: the DFlash gate's (composed with KVFlash's
+# mixin in vllm_luce/schedulers.py, so the gate may replace KVFlash's) and KVFlash's alone (kvflash/scheduler.py).
+SCHEDULER_CLS = f"{SCHED_CONFIG}.scheduler_cls"
+GATED_SCHEDULERS = {False: f"{L}.schedulers.LuceGatedScheduler", True: f"{L}.schedulers.LuceGatedAsyncScheduler"}
+KVFLASH_SCHEDULERS = {False: f"{KV}.scheduler.LuceKVFlashScheduler", True: f"{KV}.scheduler.LuceKVFlashAsyncScheduler"}
+VLLM_DEFAULT_SCHEDULERS = (None, "vllm.v1.core.sched.scheduler.Scheduler",
+                           "vllm.v1.core.sched.async_scheduler.AsyncScheduler")
+
 # Removal conditions several rows share.
 NEVER = "never: vLLM's own extension point"
 KV_WORKER_HOOK = ("vLLM offers a worker-side hook for a custom KV cache spec to own its slot mapping, attention "
@@ -192,7 +200,7 @@ HOOKS: tuple[Hook, ...] = (
          "a collector (metrics/collector.py) that reads what every process wrote", NEVER,
          checks=("vllm.v1.metrics.prometheus:get_prometheus_registry",)),
     # class-path settings
-    _row(CLASS_PATH, f"{SCHED_CONFIG}.scheduler_cls", (f"{SD}.install:install_gate", f"{KV}.install:_install_scheduler"),
+    _row(CLASS_PATH, SCHEDULER_CLS, (f"{SD}.install:install_gate", f"{KV}.install:_install_scheduler"),
          "DFlash; KVFlash", "the gated scheduler when vLLM speculates with DFlash; else KVFlash's scheduler "
          "(a pooled prompt's last token in a step of its own). Another user class stops startup",
          "after vLLM's checks: the sync or async class, following async_scheduling",

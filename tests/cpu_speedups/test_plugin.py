@@ -16,7 +16,7 @@ G = pytest.importorskip("vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
 import luce_cpu_speedups  # noqa: E402
 from luce_cpu_speedups import bf16_linear, dflash_context_kv, gdn_chunk, gdn_prefill_conv, isa  # noqa: E402
 from tests.patches.test_cpu_isa import BF16_DOT, HOSTS, force_host  # noqa: E402
-from vllm_luce.patches import signatures  # noqa: E402
+from vllm_luce import source_signatures  # noqa: E402
 
 HERE = Path(luce_cpu_speedups.__file__).resolve().parents[1]  # testenv/luce_cpu_speedups
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +47,7 @@ def test_every_patch_matches_the_installed_vllm_and_its_module():
         holder, name = _target(patch.target)
         found = vars(holder)[name]
         found = getattr(found, "__wrapped__", found)  # applied in this process already
-        assert signatures.of_function(found) == patch.signature, patch.target
+        assert source_signatures.of_function(found) == patch.signature, patch.target
         module = importlib.import_module(patch.module)
         assert module.TARGET == patch.target and callable(module.apply)
     assert [luce_cpu_speedups.PATCHES[i].module for i in MODULES.values()] == [m.__name__ for m in MODULES]

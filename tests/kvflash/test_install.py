@@ -39,7 +39,7 @@ def test_a_pool_too_small_for_a_speculative_step_is_refused():
 @pytest.mark.parametrize("current,async_scheduling,installed", [
     (None, False, "vllm_luce.kvflash.scheduler.LuceKVFlashScheduler"),
     ("vllm.v1.core.sched.async_scheduler.AsyncScheduler", True, "vllm_luce.kvflash.scheduler.LuceKVFlashAsyncScheduler"),
-    ("vllm_luce.spec_decode.scheduler.LuceGatedScheduler", False, "vllm_luce.spec_decode.scheduler.LuceGatedScheduler"),
+    ("vllm_luce.schedulers.LuceGatedScheduler", False, "vllm_luce.schedulers.LuceGatedScheduler"),
 ])
 def test_the_scheduler_class_carries_kvflashs_prompt_end_hook(current, async_scheduling, installed):
     """vLLM's own class is replaced; the DFlash gate's (which has the hook too) stays."""

@@ -2,7 +2,7 @@ import importlib
 
 import pytest
 
-from vllm_luce.model_executor.registry import EXECUTORS, executors_mode
+from vllm_luce.architectures import EXECUTORS, executors_mode
 
 
 def test_executors_mode_from_the_environment():
@@ -30,7 +30,7 @@ def test_executors_answer_to_the_upstream_class_name_and_pickle_by_their_own():
     import importlib
     import pickle
 
-    from vllm_luce.model_executor.registry import EXECUTORS
+    from vllm_luce.architectures import EXECUTORS
 
     for architecture, path in EXECUTORS.items():
         module, name = path.split(":")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from vllm_luce.patches import ledger_signature
+from vllm_luce.hook_ledger import ledger_signature
 from vllm_luce.patches.gpu_recurrent_state import TARGET, Realigner, _make_wrapper
 
 K, WIDTH = 3, 4

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vllm_luce import compat, hook_signatures, hooks
-from vllm_luce.patches import LEDGER, signatures
+from vllm_luce import compat, hook_signatures, hooks, source_signatures
+from vllm_luce.hook_ledger import LEDGER
 
 SNAPSHOTS = Path(__file__).parent / "vllm_signatures"
 PATCHED = {e.target: e for e in LEDGER}
@@ -119,12 +119,12 @@ def test_in_tree_follows_imports_and_base_classes(tmp_path):
                     pass
             """,
     })
-    assert signatures.in_tree(root, "pkg.user:conv_alias") == \
+    assert source_signatures.in_tree(root, "pkg.user:conv_alias") == \
         "(x: 'torch.Tensor', width: int=4, *, act: str | None='silu', **kw) -> None"
-    assert signatures.in_tree(root, "pkg.user:Child.propose") == "(self, n, ids: list[int]=None)"
-    assert signatures.in_tree(root, "pkg.user:Redefined.f") == "(self, a, b)"  # the last binding wins
-    assert signatures.in_tree(root, "pkg.user:Child.gone") is None
-    assert signatures.in_tree(root, "pkg.missing:f") is None
+    assert source_signatures.in_tree(root, "pkg.user:Child.propose") == "(self, n, ids: list[int]=None)"
+    assert source_signatures.in_tree(root, "pkg.user:Redefined.f") == "(self, a, b)"  # the last binding wins
+    assert source_signatures.in_tree(root, "pkg.user:Child.gone") is None
+    assert source_signatures.in_tree(root, "pkg.missing:f") is None
 
 
 def test_in_tree_tells_classes_attributes_and_modules(tmp_path):
@@ -143,12 +143,12 @@ def test_in_tree_tells_classes_attributes_and_modules(tmp_path):
                 pass
             """,
     })
-    assert signatures.in_tree(root, "pkg:Public") == signatures.CLASS  # a relative import followed
-    assert signatures.in_tree(root, "pkg:REGISTRY") == signatures.ATTRIBUTE
-    assert signatures.in_tree(root, "pkg.defs") == signatures.MODULE
+    assert source_signatures.in_tree(root, "pkg:Public") == source_signatures.CLASS  # a relative import followed
+    assert source_signatures.in_tree(root, "pkg:REGISTRY") == source_signatures.ATTRIBUTE
+    assert source_signatures.in_tree(root, "pkg.defs") == source_signatures.MODULE
     for name in ("field", "flag", "state"):
-        assert signatures.in_tree(root, f"pkg.defs:Derived.{name}") == signatures.ATTRIBUTE, name
-    assert signatures.in_tree(root, "pkg.defs:Config.other") is None
+        assert source_signatures.in_tree(root, f"pkg.defs:Derived.{name}") == source_signatures.ATTRIBUTE, name
+    assert source_signatures.in_tree(root, "pkg.defs:Config.other") is None
 
 
 def test_of_function_reads_a_live_function_as_in_tree_reads_its_file(tmp_path, monkeypatch):
@@ -169,5 +169,5 @@ def test_of_function_reads_a_live_function_as_in_tree_reads_its_file(tmp_path, m
     monkeypatch.syspath_prepend(str(root))
     import probe_sig_mod
 
-    assert signatures.of_function(probe_sig_mod.Owner.run) == signatures.in_tree(root, "probe_sig_mod:Owner.run") \
+    assert source_signatures.of_function(probe_sig_mod.Owner.run) == source_signatures.in_tree(root, "probe_sig_mod:Owner.run") \
         == "(self, x: int, y: 'Fwd | None'=None) -> 'Fwd'"

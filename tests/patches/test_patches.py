@@ -1,6 +1,9 @@
 import pytest
 
-from vllm_luce.patches import LEDGER, PatchTargetChanged, installed_series, signatures, wrap_method
+from vllm_luce import source_signatures
+from vllm_luce.compat import installed_series
+from vllm_luce.hook_ledger import LEDGER, PatchTargetChanged
+from vllm_luce.patches import wrap_method
 
 
 class Target:
@@ -44,7 +47,7 @@ def test_every_ledger_target_exists_in_the_installed_vllm():
         else:  # a module-level function
             found = getattr(module, qualname)
         found = getattr(found, "__func__", found)  # a staticmethod
-        assert signatures.of_function(found) == entry.signature_in(series), entry.target
+        assert source_signatures.of_function(found) == entry.signature_in(series), entry.target
         assert entry.why and entry.how and entry.remove_when
         importlib.import_module(entry.module)
 
@@ -57,7 +60,7 @@ def test_every_cpu_patch_has_a_drafted_upstream_issue():
     assert cpu
     for entry in cpu:
         issue = entry.upstream_issue
-        assert issue is not None, f"{entry.target} has no upstream issue draft in vllm_luce/patches/ledger.py"
+        assert issue is not None, f"{entry.target} has no upstream issue draft in vllm_luce/hook_ledger.py"
         assert all(len(text) >= 40 for text in (issue.title, issue.symptom, issue.cause, issue.fix)), entry.target
         assert "\n" not in issue.title, entry.target
 

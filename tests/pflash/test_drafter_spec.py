@@ -10,7 +10,8 @@ import pytest
 
 from fixtures.trained import trained_model
 from vllm_luce.config import LuceConfig, LuceConfigError
-from vllm_luce.pflash.drafter_spec import DrafterError, DrafterSpec
+from vllm_luce.checkpoint_headers import DrafterError
+from vllm_luce.pflash.drafter_spec import DrafterSpec
 from vllm_luce.pflash.install import install_pflash
 
 

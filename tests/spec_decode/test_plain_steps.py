@@ -225,9 +225,9 @@ def test_only_plain_decode_steps_where_no_block_changes_hands_are_stashable():
 @pytest.mark.parametrize("v2", [True, False])
 def test_the_stash_is_refused_at_startup_where_the_speculator_does_not_write_the_context_eagerly(
         cuda, monkeypatch, series, v2):
-    import vllm_luce.patches
+    import vllm_luce.compat
 
-    monkeypatch.setattr(vllm_luce.patches, "installed_series", lambda: series)
+    monkeypatch.setattr(vllm_luce.compat, "installed_series", lambda: series)
     luce = LuceConfig.from_sources({"luce": {"dflash": {"plain_context_stash": 64}}}, {})
     if v2 and series == "0.26":
         assert install_gate(vllm_config(v2=v2), luce)
@@ -240,9 +240,9 @@ def test_the_stash_is_refused_at_startup_where_the_speculator_does_not_write_the
 @pytest.mark.parametrize("series", ["0.26", "0.32"])
 @pytest.mark.parametrize("v2", [True, False])
 def test_the_default_stash_is_1024_tokens_where_it_applies_and_off_elsewhere(cuda, monkeypatch, series, v2):
-    import vllm_luce.patches
+    import vllm_luce.compat
 
-    monkeypatch.setattr(vllm_luce.patches, "installed_series", lambda: series)
+    monkeypatch.setattr(vllm_luce.compat, "installed_series", lambda: series)
     luce = LuceConfig.from_sources({}, {})
     assert luce.dflash.plain_context_stash == "auto"
     assert install_gate(vllm_config(v2=v2), luce)  # never refused

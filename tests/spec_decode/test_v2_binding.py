@@ -21,9 +21,10 @@ from vllm.v1.worker.gpu import model_runner as v2
 from vllm.v1.worker.gpu.spec_decode import speculator as v2_speculator
 from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
 
+from vllm_luce.hooks import GATED_SCHEDULERS
+from vllm_luce.schedulers import LuceGatedAsyncScheduler, LuceGatedScheduler
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate
-from vllm_luce.spec_decode.install import GATED_SCHEDULERS
-from vllm_luce.spec_decode.scheduler import GatedLookup, LuceGatedAsyncScheduler, LuceGatedScheduler
+from vllm_luce.spec_decode.scheduler import GatedLookup
 
 
 def test_v2_runner_takes_the_draft_length_from_the_scheduler():
@@ -43,7 +44,7 @@ def test_async_scheduler_sizes_placeholders_from_the_scheduled_draft_length():
     assert issubclass(LuceGatedAsyncScheduler, AsyncScheduler)
     source = inspect.getsource(AsyncScheduler._update_after_schedule)
     assert "scheduler_output.num_spec_tokens_to_schedule" in source
-    # install.py names the classes by path (so the config patch need not import the scheduler)
+    # hooks.py names the classes by path (so the config patch need not import the scheduler)
     assert GATED_SCHEDULERS[True] == f"{LuceGatedAsyncScheduler.__module__}.{LuceGatedAsyncScheduler.__name__}"
     assert GATED_SCHEDULERS[False] == f"{LuceGatedScheduler.__module__}.{LuceGatedScheduler.__name__}"
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from vllm_luce import hooks, overrides
 from vllm_luce.config import LuceConfig, LuceConfigError
+from vllm_luce.hooks import GATED_SCHEDULERS, KVFLASH_SCHEDULERS, SCHEDULER_CLS, VLLM_DEFAULT_SCHEDULERS
 from vllm_luce.kvflash.pager import KVFlashConfigError, PagerConfig
 from vllm_luce.kvflash.settings import pager_config_from
 
@@ -81,7 +82,7 @@ def check_kvflash(vllm_config: Any, luce: LuceConfig) -> PagerConfig:
 
 def check_architecture(vllm_config: Any) -> None:
     """KVFlash attaches to the Luce executors: any other architecture stops startup here, before the weights load."""
-    from vllm_luce.model_executor.registry import EXECUTORS, EXECUTORS_ENV, executors_mode
+    from vllm_luce.architectures import EXECUTORS, EXECUTORS_ENV, executors_mode
 
     model = getattr(vllm_config, "model_config", None)
     architectures = list(getattr(model, "architectures", None) or [])
@@ -97,9 +98,6 @@ def check_architecture(vllm_config: Any) -> None:
 
 
 def _install_scheduler(sched: Any) -> None:
-    from vllm_luce.spec_decode.install import (GATED_SCHEDULERS, KVFLASH_SCHEDULERS, SCHEDULER_CLS,
-                                               VLLM_DEFAULT_SCHEDULERS)
-
     current = sched.scheduler_cls
     if current in GATED_SCHEDULERS.values() or current in KVFLASH_SCHEDULERS.values():
         return

@@ -37,7 +37,7 @@ class KVFlashSchedulerMixin:
         self._luce_vllm_aligns = self.need_mamba_block_aligned_split
         self.luce_admission = None
         if self._luce_pool_tokens is not None:
-            from vllm_luce.patches import check_signature, ledger_signature
+            from vllm_luce.hook_ledger import check_signature, ledger_signature
 
             check_signature(TARGET, Scheduler._mamba_block_aligned_split, ledger_signature(TARGET))
             from vllm_luce import hooks, metrics

@@ -153,25 +153,12 @@ def runtime_options(vllm_config, luce) -> dict:
 
 
 def _drafter_scorer(runner, luce, cfg):
-    """policy 'scorer': PFlash's drafter (loaded on this runner first) scores each request's context."""
+    """policy 'scorer': PFlash's drafter scores each request's context (``vllm_luce/scorer_policy.py``)."""
     if luce.kvflash.policy != "scorer":
         return None
-    from vllm_luce.pflash.kv_scorer import DrafterChunkScorer
-    from vllm_luce.pflash.worker import bind as bind_pflash
+    from vllm_luce.scorer_policy import drafter_scorer
 
-    bind_pflash(runner, luce)
-    service = runner.luce_pflash
-    if service is None:  # not rank 0: every rank would need the same scores
-        raise RuntimeError("luce.kvflash.policy 'scorer' with tensor/pipeline parallelism is not supported yet; "
-                           "use 'qk'")
-
-    def tokens_of(req_id: str) -> tuple[list[int], int]:
-        state = runner.requests[req_id]
-        prompt = list(state.prompt_token_ids or [])
-        return prompt + list(state.output_token_ids), len(prompt)
-
-    return DrafterChunkScorer(service.scorer.token_scores, tokens_of, cfg.chunk_tokens,
-                              refresh_tokens=max(cfg.pool_tokens // 2, 256))
+    return drafter_scorer(runner, luce, cfg)
 
 
 def first_positions(query_start_loc: np.ndarray, positions: torch.Tensor) -> np.ndarray:

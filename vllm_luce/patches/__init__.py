@@ -4,7 +4,7 @@ Registries come first (models: ModelRegistry, KV specs); every hook, patch or no
 ``vllm_luce/hooks.py``, whose patch rows ``apply_patches`` iterates. A patch is used only where vLLM
 has no hook. Each patch lives in its own module named after its target, checks the target's
 signature before touching it (a mismatch stops startup), is idempotent, and has an entry in the
-ledger (``ledger.py``) saying why it exists, how it works and when it can be removed.
+ledger (``vllm_luce/hook_ledger.py``) saying why it exists, how it works and when it can be removed.
 """
 
 from __future__ import annotations
@@ -12,38 +12,8 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
-from vllm_luce.patches import signatures
-from vllm_luce.patches.ledger import LEDGER, LedgerEntry  # noqa: F401  (the table lives in ledger.py)
-
-
-class PatchTargetChanged(RuntimeError):
-    pass
-
-
-def installed_series() -> str:
-    import vllm
-
-    from vllm_luce.compat import signature_series
-
-    return signature_series(vllm.__version__)
-
-
-def ledger_signature(target: str, series: str | None = None) -> str | None:
-    """The signature the ledger records for ``module:Owner.name`` in a vLLM series (the installed one by
-    default); None where vllm-luce leaves that target alone in the series."""
-    entry = next((e for e in LEDGER if e.target == target), None)
-    if entry is None:
-        raise PatchTargetChanged(f"{target} has no ledger entry (vllm_luce/patches/ledger.py); add one and its "
-                                 "row in vllm_luce/hooks.py before patching it")
-    return entry.signature_in(series or installed_series())
-
-
-def check_signature(name: str, function: Callable, expected_signature: str) -> None:
-    """Stop with PatchTargetChanged unless ``function`` (vLLM's ``name``) has the signature the ledger records."""
-    actual = signatures.of_function(function)
-    if actual != expected_signature:
-        raise PatchTargetChanged(f"{name} has signature {actual}; vllm-luce expects {expected_signature}. "
-                                 "This vLLM is not supported by vllm-luce.")
+from vllm_luce.compat import installed_series
+from vllm_luce.hook_ledger import PatchTargetChanged, check_signature
 
 
 def wrap_method(owner: type, name: str, expected_signature: str,

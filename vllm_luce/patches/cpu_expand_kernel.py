@@ -20,7 +20,8 @@ import functools
 
 import torch
 
-from vllm_luce.patches import ledger_signature, wrap_function
+from vllm_luce.hook_ledger import ledger_signature
+from vllm_luce.patches import wrap_function
 
 TARGET = "vllm.utils.cpu_triton_utils:_expand_kernel_impl"
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from vllm_luce.patches import ledger_signature, wrap_function
+from vllm_luce.hook_ledger import ledger_signature
+from vllm_luce.patches import wrap_function
 
 TARGET = "vllm._custom_ops:fused_sigmoid_gating_delta_rule_update_cpu"
 IN_PLACE = "initial_state_source"

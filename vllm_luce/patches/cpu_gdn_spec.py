@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vllm_luce.patches import ledger_signature, wrap_function
+from vllm_luce.hook_ledger import ledger_signature
+from vllm_luce.patches import wrap_function
 
 TARGET = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention:_spec_forward"
 

@@ -12,7 +12,8 @@ import functools
 
 import torch
 
-from vllm_luce.patches import ledger_signature, wrap_method
+from vllm_luce.hook_ledger import ledger_signature
+from vllm_luce.patches import wrap_method
 
 TARGET = "vllm.v1.spec_decode.dflash:DFlashProposer.propose"
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from vllm_luce import hooks, overrides
 from vllm_luce.log import logger, tag
-from vllm_luce.patches import ledger_signature, wrap_method
+from vllm_luce.hook_ledger import ledger_signature
+from vllm_luce.patches import wrap_method
 from vllm_luce.spec_decode import resolve as R
 
 TARGETS = "vllm.engine.arg_utils:EngineArgs"

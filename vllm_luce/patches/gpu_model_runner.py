@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import functools
 
-from vllm_luce.patches import ledger_signature, wrap_method
+from vllm_luce.hook_ledger import ledger_signature
+from vllm_luce.patches import wrap_method
 from vllm_luce.spec_decode.verify_width import verify_widths
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids"

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import functools
 
-from vllm_luce.patches import ledger_signature, wrap_method
+from vllm_luce.hook_ledger import ledger_signature
+from vllm_luce.patches import wrap_method
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"
 

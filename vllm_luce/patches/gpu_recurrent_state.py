@@ -16,7 +16,8 @@ import functools
 import torch
 
 from vllm_luce.log import logger, tag
-from vllm_luce.patches import ledger_signature, wrap_method
+from vllm_luce.hook_ledger import ledger_signature
+from vllm_luce.patches import wrap_method
 from vllm_luce.spec_decode.recurrent_state import realign, rows_to_realign
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs"

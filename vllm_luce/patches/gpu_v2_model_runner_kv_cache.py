@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from vllm_luce.patches import ledger_signature, wrap_method
+from vllm_luce.hook_ledger import ledger_signature
+from vllm_luce.patches import wrap_method
 from vllm_luce.patches.gpu_model_runner_kv_cache import binding_wrapper
 
 TARGET = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.initialize_kv_cache"

@@ -6,7 +6,8 @@ import functools
 
 from vllm_luce.config import LuceConfig
 from vllm_luce.log import logger, tag
-from vllm_luce.patches import ledger_signature, wrap_method
+from vllm_luce.hook_ledger import ledger_signature
+from vllm_luce.patches import wrap_method
 
 _logged = False
 
@@ -30,10 +31,10 @@ def _make_wrapper(original):
         global _logged
         if not _logged:
             _logged = True
-            import vllm_luce
+            from vllm_luce.model_executor import registry
 
             logger.info("%s: executors: %s; active features: %s%s", tag(),
-                        vllm_luce.executors_description, luce.describe(),
+                        registry.description, luce.describe(),
                         (f"; DFlash gate: {gated}" if gated else "") + (f"; KVFlash: {kvflash}" if kvflash else "")
                         + (f"; PFlash: {pflash}" if pflash else ""))
 

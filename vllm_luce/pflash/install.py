@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_luce.checkpoint_headers import DrafterError
 from vllm_luce.config import LuceConfig, LuceConfigError
-from vllm_luce.pflash.drafter_spec import DrafterError, DrafterSpec, has_tokenizer
+from vllm_luce.pflash.drafter_spec import DrafterSpec, has_tokenizer
 
 
 def install_pflash(vllm_config: Any, luce: LuceConfig) -> str | None:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from vllm_luce.pflash.drafter_spec import DrafterError, DrafterSpec
+from vllm_luce.checkpoint_headers import DrafterError
+from vllm_luce.pflash.drafter_spec import DrafterSpec
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,15 @@
-"""Switch the DFlash gate on in a VllmConfig: point vLLM's ``scheduler_cls`` setting at the gated
-scheduler when vLLM speculates with DFlash, and on Model Runner V2 on CUDA give vLLM the draft-length table that
-makes it capture one-token decode graphs (``plain_steps.py``). Called from the VllmConfig patch."""
+"""Switch the DFlash gate on in a VllmConfig: point vLLM's ``scheduler_cls`` setting at the gated scheduler
+(``hooks.GATED_SCHEDULERS``) when vLLM speculates with DFlash, and on Model Runner V2 on CUDA give vLLM the
+draft-length table that makes it capture one-token decode graphs (``plain_steps.py``). Called from the VllmConfig
+patch."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from vllm_luce import hooks
 from vllm_luce.config import LuceConfig, LuceConfigError
-
-GATED_SCHEDULERS = {
-    False: "vllm_luce.spec_decode.scheduler.LuceGatedScheduler",
-    True: "vllm_luce.spec_decode.scheduler.LuceGatedAsyncScheduler",
-}
-SCHEDULER_CLS = "vllm.config.scheduler:SchedulerConfig.scheduler_cls"
-VLLM_DEFAULT_SCHEDULERS = (None, "vllm.v1.core.sched.scheduler.Scheduler",
-                           "vllm.v1.core.sched.async_scheduler.AsyncScheduler")
-# KVFlash's own (the gated classes carry its hook too, so the gate may replace them)
-KVFLASH_SCHEDULERS = {
-    False: "vllm_luce.kvflash.scheduler.LuceKVFlashScheduler",
-    True: "vllm_luce.kvflash.scheduler.LuceKVFlashAsyncScheduler",
-}
+from vllm_luce.hooks import GATED_SCHEDULERS, KVFLASH_SCHEDULERS, SCHEDULER_CLS, VLLM_DEFAULT_SCHEDULERS
 
 
 def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
@@ -47,7 +37,7 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
         raise LuceConfigError(
             f"--scheduler-cls {current}: vllm-luce's DFlash gate needs its own scheduler class; drop "
             "--scheduler-cls or set --additional-config '{\"luce\": {\"dflash\": {\"gate\": false}}}'")
-    from vllm_luce import hooks, overrides
+    from vllm_luce import overrides
 
     installed = GATED_SCHEDULERS[bool(getattr(sched, "async_scheduling", False))]
     if current in VLLM_DEFAULT_SCHEDULERS:  # a KVFlash class here was set by vllm-luce (a copied config)

@@ -59,7 +59,7 @@ def context_stash_tokens(setting: int | str, vllm_config: Any) -> int:
     decode step's context)."""
     if not setting:
         return 0
-    from vllm_luce.patches import installed_series
+    from vllm_luce.compat import installed_series
 
     if not v2_on_cuda(vllm_config):
         where = "Model Runner V2 on CUDA"

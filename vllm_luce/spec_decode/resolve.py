@@ -147,7 +147,7 @@ def check_drafter_weights(path: str, where: str = "--speculative-model") -> None
     root = Path(path)
     if not root.is_dir():
         return
-    from vllm_luce.pflash.drafter_spec import PICKLE_SUFFIXES, DrafterError, read_headers  # pure: headers only
+    from vllm_luce.checkpoint_headers import PICKLE_SUFFIXES, DrafterError, read_headers  # pure: headers only
 
     if not any(root.glob("*.safetensors")) and not any(p.suffix in PICKLE_SUFFIXES for p in root.iterdir()):
         return

@@ -4,9 +4,10 @@ vLLM's scheduler asks ``self.dynamic_sd_lookup[batch_size]`` each step for how m
 static dynamic-speculation table) and sends the answer to the model runner as
 ``SchedulerOutput.num_spec_tokens_to_schedule``. Both model runners honour it: V1 (and the CPU runner built
 on it) and Model Runner V2, synchronous or asynchronous scheduling. The gate stands in for that table, and
-this scheduler subclass, installed with vLLM's ``scheduler_cls`` setting, feeds it what each step cost and
-committed. With K = 0 the drafter writes only its context, so its KV stays complete
-(``patches/dflash_proposer.py`` on V1, ``plain_steps.py`` on V2), and the next step verifies nothing.
+this scheduler mixin, in the classes installed with vLLM's ``scheduler_cls`` setting (``vllm_luce/schedulers.py``,
+with KVFlash's mixin), feeds it what each step cost and committed. With K = 0 the drafter writes only its context,
+so its KV stays complete (``patches/dflash_proposer.py`` on V1, ``plain_steps.py`` on V2), and the next step
+verifies nothing.
 
 The gate decides before vLLM schedules the step, for the running and the admissible waiting requests, so
 that drafts no one may use are dropped first: all of them on a plain step (so it verifies nothing), and
@@ -17,11 +18,7 @@ from __future__ import annotations
 
 import time
 
-from vllm.v1.core.sched.async_scheduler import AsyncScheduler
-from vllm.v1.core.sched.scheduler import Scheduler
-
 from vllm_luce import hooks, metrics, request_args
-from vllm_luce.kvflash.scheduler import KVFlashSchedulerMixin
 from vllm_luce.log import logger, tag
 from vllm_luce.spec_decode.gate import SpecGate
 from vllm_luce.spec_decode.gate_report import GateReport
@@ -142,10 +139,3 @@ class DFlashGateMixin:
             self.luce_gate.observe(speculative=speculative, batch_size=batch, seconds=seconds,
                                    committed_tokens=scheduler_output.total_num_scheduled_tokens - rejected)
 
-
-class LuceGatedScheduler(KVFlashSchedulerMixin, DFlashGateMixin, Scheduler):
-    pass
-
-
-class LuceGatedAsyncScheduler(KVFlashSchedulerMixin, DFlashGateMixin, AsyncScheduler):
-    pass

