@@ -55,7 +55,7 @@ def greedy_with_gaps(llm, prompts) -> tuple[list[list[int]], list[list[float]]]:
 def first_differences_beyond_a_near_tie(tokens, reference, gaps) -> list[str]:
     """Requests whose tokens differ from the reference's first where the reference's top two are more than
     ``TIE_NATS`` apart. Within a near-tie either token is greedy: a batch of another composition rounds bf16
-    otherwise (on the AVX2 CPU path a request run after the others flips a 0.004-nat tie)."""
+    otherwise (on an AVX512-BF16 host a request run after the others flips a 0.004-nat tie)."""
     bad = []
     for i, (got, want, gap) in enumerate(zip(tokens, reference, gaps)):
         at = next((j for j, (a, b) in enumerate(zip(got, want)) if a != b), None)
