@@ -18,6 +18,8 @@ import re
 import tokenize
 from pathlib import Path
 
+from tests.test_docs import paragraphs
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "vllm_luce"
 DOC_PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -112,39 +114,27 @@ def normalise(text: str) -> str:
     return " ".join(re.sub(r"[`*_]", "", LIST_ITEM.sub("", text)).lower().split())
 
 
-def units(text: str) -> list[str]:
-    """A Markdown page's paragraphs, list items and table rows, normalised; code blocks, headings, tables' header
-    rows and rules, and HTML comments left out."""
+def table_rows(text: str) -> list[str]:
+    """A Markdown page's table rows, normalised; tables' header rows and rules, and code blocks, left out."""
     out: list[str] = []
-    block: list[str] = []
     fenced, header = False, None
-
-    def close():
-        if block:
-            out.append(normalise(" ".join(block)))
-            block.clear()
-
     for line in text.splitlines():
         stripped = line.strip()
         if stripped.startswith("```"):
-            close()
             fenced = not fenced
-        elif fenced or not stripped or stripped.startswith(("#", "<!--")):
-            close()
-        elif stripped.startswith("|"):
-            close()
+        elif not fenced and stripped.startswith("|"):
             if set(stripped) <= set("|-: "):
                 if out and out[-1] == header:
                     out.pop()  # a table's header row: column names recur from table to table
             else:
                 header = normalise(stripped)
                 out.append(header)
-        else:
-            if LIST_ITEM.match(line):
-                close()
-            block.append(stripped)
-    close()
     return out
+
+
+def units(text: str) -> list[str]:
+    """A Markdown page's paragraphs and list items (``test_docs.paragraphs``) and table rows, normalised."""
+    return [normalise(paragraph) for paragraph in paragraphs(text)] + table_rows(text)
 
 
 def shingles(text: str) -> set[tuple[str, ...]]:
