@@ -16,6 +16,7 @@ from fixtures.server import SERVE_ENV, Server, vllm_command
 from fixtures.serve_load import scrape
 from fixtures import needle as N
 from fixtures.trained import heldout_files, trained_model
+from vllm_luce.metrics.store import PUBLISH_EVERY_S
 
 pytestmark = pytest.mark.e2e
 
@@ -94,6 +95,13 @@ def _prompts(server, outcome: str) -> float:
     return text_metric(scrape(server.base_url), "vllm:luce_pflash_prompts_total", outcome=outcome)
 
 
+def _before(server) -> str:
+    """/metrics once the worker's values from the tests before have landed: it publishes them up to
+    PUBLISH_EVERY_S late, and a `before` one prompt short makes a delta one too many."""
+    time.sleep(1.5 * PUBLISH_EVERY_S)
+    return scrape(server.base_url)
+
+
 def _queue_settled(server, queued: float, timeout: float = 20.0) -> str:
     """/metrics once rank 0's queue holds nothing and has taken ``queued`` prompts (its values lag up to 1 s)."""
     deadline = time.time() + timeout
@@ -110,7 +118,7 @@ def test_beyond_the_queue_limit_prompts_complete_uncompressed_and_are_counted(se
     """A burst of 8 long prompts on one scorer whose queue takes 3: the first 3 are scored while the rest arrive, and
     those are prefilled as sent at once, each counted as queue_full."""
     case = cases[0]
-    before = scrape(server.base_url)
+    before = _before(server)
     with ThreadPoolExecutor(8) as pool:
         replies = list(pool.map(lambda _: client.completions.create(model="tiny", prompt=case.prompt, max_tokens=2,
                                                                      temperature=0), range(8)))
@@ -134,7 +142,7 @@ def test_a_client_that_disconnects_while_its_prompt_is_queued_leaves_nothing_hel
     its prompt waits behind them. Its pass is cancelled, rank 0's queue ends up holding nothing, and the server
     goes on answering."""
     case = cases[0]
-    before = scrape(server.base_url)
+    before = _before(server)
     body = {"model": "tiny", "prompt": case.prompt, "max_tokens": 2, "temperature": 0}
     # 1.75x the case's tokens (within max_model_len): two passes of 0.3-0.9 s on the CI hosts queue the third
     # prompt well past the moment its client gives up (0.45 s)
