@@ -7,11 +7,12 @@ Each simulated step of batch 1 takes 5 ms (plain) or ``spec_cost`` x 5 ms (specu
 chance of a 2x hiccup. ``spec_tokens`` is a count (every verify step commits it) or, below 1, a drafter
 right with that probability per position: a verify step commits 1 + the drafts accepted before the first
 wrong one, of K = 15, as DFlash's do (at p = 0.5 half the verify steps commit one token). The GPU cases
-take the measured cost of a speculative step at batch 1 (H200, vLLM 0.26, Qwen3-8B shape: 6.68 ms against
-5.31 ms). In the cases that say so the text changes halfway, and with it which mode wins. As in the
-scheduler binding, a plain step verifies no drafts, and the first step of a speculative run verifies
-nothing (it costs a speculative step and commits one token): the gate sees only the other steps. Efficiency is committed tokens per second against an oracle that always runs the faster
-mode on the same noise; 1.0 means exploring and misjudging cost nothing.
+take a speculative step's cost over a plain one at batch 1 (``GPU_SPEC_COST``) from the median step times of
+docs/benchmarks.md's DFlash run through vLLM 0.26 (Qwen3-8B shape). In the cases that say so the text changes
+halfway, and with it which mode wins. As in the scheduler binding, a plain step verifies no drafts, and the
+first step of a speculative run verifies nothing (it costs a speculative step and commits one token): the gate
+sees only the other steps. Efficiency is committed tokens per second against an oracle that always runs the
+faster mode on the same noise; 1.0 means exploring and misjudging cost nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import random
 from vllm_luce.spec_decode.gate import GateConfig, SpecGate
 
 K = 15  # drafts per speculative step
-GPU_SPEC_COST = 6.68 / 5.31  # a speculative step over a plain one, batch 1 (H200, docs/benchmarks.md)
+GPU_SPEC_COST = 6.68 / 5.31  # a speculative step over a plain one, batch 1 (H200, docs/benchmarks.md's DFlash run)
 
 # name: phases of equal length, each (spec_cost, spec_tokens)
 CASES = {"spec 25% faster": [(1.6, 2)], "spec 5% faster": [(1.9, 2)], "spec 5% slower": [(2.1, 2)],

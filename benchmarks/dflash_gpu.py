@@ -36,8 +36,8 @@ prefill included (1K-token prompts: a small share of 256 decode steps), with the
 different GPUs of one host are compared through the A/A control, which runs on its own GPU; ``--gpus 1`` runs
 them one after another on one card, which compares them best; ``--card-per-level`` gives each level a card that
 measures its own baseline first, so every ratio is within one card (none alone then runs only as the control's
-pair), and ``--resume`` lets back-to-back device calls
-finish a table longer than one call. Goals (issue 40): gated >= 0.97x the better of none
+pair), and ``--resume`` lets back-to-back runs in one
+``--workdir`` finish a table too long for one run. Goals (issue 40): gated >= 0.97x the better of none
 and fixed in every cell; gated >= 3x none at concurrency 1 with p = 0.9.
 """
 

@@ -13,8 +13,8 @@ orders (``round_orders``). Two ratios per process, none over gated (1.0: the gat
 * ``total``: all measured step time. That is the throughput ratio (both kinds generate the same tokens),
   with the gate's explorations in it.
 
-Why not only ``dflash_throughput``: on the development host one engine carries a speed bias of its own
-(identical engines in one process differed by up to 13% over a run, ``docs/benchmarks.md``). Two engines
+Why not only ``dflash_throughput``: one engine carries a speed bias of its own (identical engines in one
+process can differ by over a tenth across a run, ``docs/data/dflash_throughput/``). Two engines
 of each kind halve its variance, step medians drop the hiccups, and ``--processes`` builds fresh sets.
 Warm-up passes (where the gate calibrates) are not measured.
 """

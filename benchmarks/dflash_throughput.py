@@ -9,11 +9,11 @@ Pairs:
 
 For each pair, the engines live in one process: no speculation, DFlash with every draft verified
 (``fixed``: the gate off), and DFlash under vllm-luce's gate (``gated``); ``--modes none gated``
-leaves fixed out (on a slow CPU, fixed DFlash on the trained pair ran at a quarter to a tenth of the
-others' speed). ``--modes none control gated`` adds ``control``, a second engine without speculation:
+leaves fixed out (on a CPU, fixed DFlash on the trained pair runs several times slower than the
+others). ``--modes none control gated`` adds ``control``, a second engine without speculation:
 its throughput over ``none``'s is an A/A ratio, the difference two identical engines show in this run.
-On the 2-core development host that ratio's median ranged 0.90-1.13 over ten cells
-(``docs/benchmarks.md``), so a gated/none median is read against it; with ``control`` the table
+That ratio's median strays from 1 by a tenth or more on a CPU host (the runs in
+``docs/data/dflash_throughput/``), so a gated/none median is read against it; with ``control`` the table
 also gives gated over the mean of both engines without speculation, a baseline with less bias. ``gated2`` adds a
 second gated engine: with ``control`` too, the table gives both gated engines over both plain ones, round by round
 (``pair / pair``), the ratio with the least bias this benchmark measures, and the goal is checked on it (the step-cost
@@ -24,12 +24,12 @@ concurrency (requests submitted together) every engine runs a warm-up pass (the 
 then the engines take turns for ``--repeats`` measured passes each, so a drift of the machine's speed
 reaches them all alike. Round orders form a balanced Latin square (``round_orders``): each engine runs in each place of
 a round, and after each other engine, equally often over ``len(modes)`` rounds (twice as many for an odd count). A
-rotating order kept every engine behind the same one (the gated engine right after ``fixed`` in every round), so
-whatever one pass leaves behind on the host fell on the same engine each round.
+rotating order would keep every engine behind the same one (the gated engine right after ``fixed`` in every round),
+so whatever one pass leaves behind on the host would fall on the same engine each round.
 Throughput is generated tokens / wall seconds; a cell is the median of its passes (all of them are in
 the JSON). A ratio is the median over rounds of the two engines' ratio within a round:
-this machine's speed changes by up to 2x for seconds at a time (other tenants of the host; CPU time
-slows with it), and passes of one round see the same speed. Goals (issue 4): gated >= 0.95x none
+a shared host's speed can halve for seconds at a time (other tenants; CPU time slows with it), and
+passes of one round see the same speed. Goals (issue 4): gated >= 0.95x none
 everywhere; gated >= 0.9x fixed where fixed beats none.
 
 Each pair runs in a child process of its own: vLLM's global parallel groups do not survive a second
@@ -37,9 +37,9 @@ set of engines in one process ("pipeline model parallel group is not initialized
 
 Every engine gets the same KV budget, ``--kv-cache-gib`` (4 GiB, set here even when the environment
 sets another). A speculating engine on a hybrid target holds 1 + num_speculative_tokens Gated
-DeltaNet state blocks per request in vLLM (``num_speculative_blocks``): under the development
-environment's 1 GiB it admitted 41 of 64 requests while the plain engine ran all 64, which measures
-memory, not the gate. The measured pass reports the most requests that ran at once.
+DeltaNet state blocks per request in vLLM (``num_speculative_blocks``): under a 1 GiB budget it
+admits only part of 64 requests that the plain engine runs all of, which measures memory, not the gate. The
+measured pass reports the most requests that ran at once.
 """
 
 from __future__ import annotations
@@ -61,8 +61,7 @@ for _k, _v in {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": 
 
 MODES = ("none", "control", "fixed", "gated", "gated2")  # control, gated2: a second engine of a kind
 # Engines are built in a mirrored order: the plain pair and the gated pair take the same mean place. An engine built
-# later in the process ran slower: on `wrong` at 64 with five engines, built none-first the gated engines' median step
-# was 4,318 µs against 4,016-4,075 for the plain ones; built gated-first, 3,723-3,846 against 3,798-3,847 (session 37).
+# later in the process runs slower, by enough to turn a gated/plain step-time comparison round.
 BUILD_ORDER = ("none", "gated", "fixed", "gated2", "control")
 GOAL_VS_NONE = 0.95  # gated over no speculation, everywhere (issue 4)
 GOAL_VS_FIXED = 0.9  # gated over fixed DFlash, where fixed beats no speculation
@@ -203,8 +202,9 @@ def run_pairs_apart(names: list[str], instances: int, argv: list[str]) -> list[d
 def pool_instances(rows: list[dict]) -> list[dict]:
     """One row per pair, mode and concurrency: the instances' passes in instance order (so two modes' passes
     still pair up round by round), their median, the fewest requests any ran at once and the gate's steps
-    summed. Identical engines built in one process differed by up to 13% over a whole run on the development
-    host (session 31): pooling fresh instances averages that bias, where more rounds of one instance cannot."""
+    summed. Identical engines built in one process can differ by over a tenth across a whole run (the runs in
+    docs/data/dflash_throughput/): pooling fresh instances averages that bias, where more rounds of one instance
+    cannot."""
     pooled: dict[tuple, dict] = {}
     for row in rows:
         key = (row["pair"], row["mode"], row["concurrency"])

@@ -8,8 +8,8 @@ run had built all their sets. The table is ``dflash_throughput``'s over the pool
 concurrency: the goal ratio of each set (both gated engines over both plain ones, ``pair / pair``, else gated over
 none; on a pair where fixed DFlash beats no speculation, also gated over fixed), how many sets read below the goal,
 and a percentile bootstrap of the pooled ratio over sets. The bootstrap resamples whole sets because a set is the unit
-that carries an engine's bias: identical engines differed by up to 13% on the 2-core development host, far more than
-the round-to-round noise a median over rounds already absorbs.
+that carries an engine's bias: identical engines can differ by far more than the round-to-round noise a median over
+rounds already absorbs (the runs in docs/data/dflash_throughput/).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 In one run: decode cost against context with KVFlash on and off, GPU KV bytes per request, and how many long
 requests the KV cache admits.
 
-    python -m benchmarks.kvflash_gpu --json kvflash_gpu.json          # H200: 7-9 minutes, 3 engines (--budget 560 s)
+    python -m benchmarks.kvflash_gpu --json kvflash_gpu.json          # 3 engines, one after another (--budget 560)
     python -m benchmarks.kvflash_gpu --tiny --json /tmp/kvflash.json  # CPU smoke run: tiny shapes, about 1 minute
     python -m benchmarks.kvflash_gpu --modes vllm kvflash --contexts 1024 8192 --profile 32   # where a step's time goes
 
@@ -36,8 +36,8 @@ Measured in each engine (``decode_window``):
 * KVFlash reselects every max(16, context / 45) decoded tokens, so a 128-step window at 32K and beyond holds no
   reselection: ``amortized_step_ms`` adds the measured cost of one (``amortize``) once per that many steps.
 
-The issue's reference for vLLM alone on an H200 (Qwen3-8B): a decode step 5.25 ms at 1K and 9.96 ms at 128K
-(batch 1); 8 requests of 64K 24.1 ms a step; 740K tokens of KV cache at utilization 0.85. Goals: with KVFlash,
+The issue's reference figures for vLLM alone (Qwen3-8B: decode steps at 1K and 128K, batch 1; a step of 8 requests
+of 64K; the KV cache's tokens at utilization 0.85) go into the JSON as ``reference_vllm_h200``. Goals: with KVFlash,
 the longest context's step within 1.15x of 8K's; 1.7x vLLM's decode rate at the longest context, batch 1; 3x
 vLLM's decode tokens/s for the batch. The summary prints each against vLLM alone and against ``off``.
 
@@ -251,7 +251,7 @@ async def measure(engine, spec: dict, note) -> dict:
         await engine.collective_rpc(profiler_start)
         await engine.collective_rpc(python_profiler_start)
         row = await decode_window(engine, [G.random_prompt(n, n + 1)], m["profile"], f"profile{n}", max_len)
-        # cProfile stops first: the torch profiler's own teardown (3 s at 494f318) would fill its top 60
+        # cProfile stops first: the torch profiler's own teardown takes seconds and would fill its top 60
         python = (await engine.collective_rpc(python_profiler_stop, args=(60,)))[0]
         profile = {"context": n, "steps": m["profile"], "step_ms_profiled": row["step_ms"], "ttft_s": row["ttft_s"],
                    **(await engine.collective_rpc(profiler_stop, args=(30,)))[0], "python": python}

@@ -6,8 +6,8 @@ A Qwen3-8B-shaped model (36 full-attention layers, 32 query / 8 KV heads, head d
 at 32K, 128K and 256K tokens of context: 512, 2,048 and 4,096 chunks of 64 tokens. Measured:
 * ``score``: per-layer chunk scores from fp32 summaries ``[chunks, layers, 8, 128]`` and the latest
   queries, ``kernels.chunk_score.chunk_scores`` against its torch reference on the same GPU
-  (``torch_gpu``) and on the host (``torch_host``, where the policy scored before: queries and
-  summaries copied to host memory, 16 host cores here);
+  (``torch_gpu``) and on the host (``torch_host``: the same scores on the host's cores, queries
+  and summaries copied to host memory);
 * ``policy``: ``QK.scores`` as a reselection runs it, from the pager's per-chunk summaries to host
   scores (stack, kernel, layer mean, one device-to-host copy);
 * ``summary``: one chunk's key summary over all 36 layers, ``kernels.chunk_score.key_means``
@@ -34,7 +34,8 @@ window of ``--window`` tokens (rows ``[36, 32 x window, 128]``):
 * ``paging_ms``: paging in k chunks from pinned host memory and paging out as many (``read_host``), k = 0, 8 and
   every selectable chunk of a ``--pool`` pool;
 * ``reselection_ms`` = ``policy`` + ``paging_ms`` per k, and ``share_of_decode``: that over the decode time between
-  two reselections, ``max(16, context / 45)`` tokens of ``--decode-step-ms`` (10 ms: the issue's H200 step at 128K).
+  two reselections, ``max(16, context / 45)`` tokens of ``--decode-step-ms`` (by default the issue's decode step at
+  128K).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 In one run: time to first token of long prompts with PFlash and with vLLM's own prefill, and of short requests
 that arrive while a long prompt is being scored.
 
-    python -m benchmarks.pflash_gpu --json pflash_gpu.json          # H200: 5-6 minutes, 2 engines (--budget 540 s)
+    python -m benchmarks.pflash_gpu --json pflash_gpu.json          # 2 engines, one after another (--budget 540)
     python -m benchmarks.pflash_gpu --tiny --json /tmp/pflash.json  # CPU smoke run: tiny shapes, under a minute
 
 Target: Qwen3-8B's shape as vLLM's dense ``Qwen3ForCausalLM`` (the model of the issue's reference numbers),
@@ -28,7 +28,8 @@ Measured in each engine, every prompt distinct random token ids (no prefix cache
   the scoring time PFlash reported for the long one (``vllm:luce_pflash_scoring_seconds``). The scoring pass runs on
   a worker thread of its own while the engine steps, so short requests need not wait for it to end.
 
-The issue's reference for vLLM alone on an H200 (Qwen3-8B): TTFT 1.24 s at 32K and 11.3 s at 128K. Goal: PFlash
+The issue's reference figures for vLLM alone (Qwen3-8B's TTFT at 32K and 128K) go into the JSON as
+``reference_vllm_h200``. Goal: PFlash
 at least 5x faster at 64K. The summary prints the speedup at each context.
 """
 

@@ -1,6 +1,6 @@
 """Render one GPU-tier run (scripts/gpu_tier.sh's results folder) as a Markdown table for docs/gpu.md.
 
-    python scripts/gpu_results.py RESULTS_DIR "TP=1, nvidia-h200" > /tmp/section.md
+    python scripts/gpu_results.py RESULTS_DIR "TP=1, one H200" > /tmp/section.md
 
 Reads RESULTS_DIR/device.txt (card, vLLM and torch versions, commit) and RESULTS_DIR/junit.xml; prints the
 run's facts and every test with its outcome, time and, for a failure or skip, the first line of its reason.

@@ -62,9 +62,9 @@ def test_compare_selections_stops_where_the_tokens_part():
 
 
 def test_the_recorded_h200_runs_pass_once_reselections_after_a_token_part_are_left_out():
-    """494f318 on 2x H200 (TP=1 and TP=2, both runners): the runs failed the score rule only at decode-time
-    reselections after their tokens had parted at an exact tie; every reselection both made from the same tokens
-    agreed within 0.23% of the largest score, and a decode-time one was among them."""
+    """The recorded GPU runs (``RECORDED``, its provenance in the file: TP=1 and TP=2, both runners) fail the score
+    rule only at decode-time reselections after their tokens parted at an exact tie; every reselection both made
+    from the same tokens agrees within 0.25% of the largest score, and a decode-time one is among them."""
     data = json.loads(RECORDED.read_text())
     for name, run in data["runs"].items():
         graphs, graphless = run["selections"]

@@ -24,7 +24,7 @@ def test_tiny_run_reports_every_engine_and_ratio(tmp_path):
     result = json.loads(out.read_text())
     assert proc.returncode == 0, {k: v.get("log_tail") for k, v in result["engines"].items()}
     assert set(result["engines"]) == {"none@0.9", "fixed@0.9", "gated@0.9"}  # none alone pairs the A/A control
-    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)  # a second device call
+    again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)  # a second run resumes
     assert again.returncode == 0, again.stdout[-3000:]
     assert json.loads(out.read_text())["engines"] == result["engines"]  # kept, not measured again
     assert result["git_commit"] and result["command"].startswith("python")

@@ -19,9 +19,9 @@ the gated engine's requests (all of them) and its drafting ones alone are compar
 False failures, below 1e-4 together:
   * each of the two comparisons rejects an exact sampler with probability ``ALPHA`` = 1e-5 (the chi-square
     approximation; the procedure rejected 3.7-7.5% of random halvings of 1,152 and 2,200 reference samples at 0.05);
-  * the biased sampler must reach the 1e-5 critical value, 73.5 at its 29 degrees of freedom. Measured on this 2-core
-    CPU: a statistic of 279.6 (p = 8e-43), so a noncentrality of about 250; at 150 the chance to fall short is
-    1.5e-7 (a noncentral chi-square drawn 20 million times).
+  * the biased sampler must reach the 1e-5 critical value, 73.5 at its 29 degrees of freedom. Its statistic is
+    about 280 (p = 8e-43), so a noncentrality of about 250; at 150 the chance to fall short is 1.5e-7 (a
+    noncentral chi-square drawn 20 million times).
 The run is deterministic for a given host and code: the bound is over what a change of either draws.
 """
 

@@ -1,5 +1,5 @@
 """The end-to-end GPU benchmarks (``benchmarks/kvflash_gpu.py``, ``benchmarks/pflash_gpu.py``) in their ``--tiny`` mode
-through real vLLM on CPU, so that a broken script never costs a lent GPU's time: every field of their JSON, sane
+through real vLLM on CPU, so that a broken script never costs GPU time: every field of their JSON, sane
 numbers, KVFlash's pool honoured and PFlash compressing. Timings on this machine mean nothing and are only checked
 to be there. Each runs vLLM alone and the feature (the plugin with the feature off, ``off``, is the same
 path as the feature's engine without its config)."""

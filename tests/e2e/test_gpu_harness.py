@@ -1,5 +1,5 @@
 """The GPU tier's engine runner (tests/gpu) on the CPU backend, so that CI catches a broken harness before a
-lent GPU does: a subprocess engine with the plugin and one without, the report's fields, KVFlash's probe."""
+GPU run does: a subprocess engine with the plugin and one without, the report's fields, KVFlash's probe."""
 
 import pytest
 

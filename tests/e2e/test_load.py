@@ -10,10 +10,10 @@ no KVFlash pager or host page held. The KVFlash + PFlash server that measures wh
 this load runs in the benchmark (``python -m benchmarks.load_test --kvflash-pflash``), not here: CI's 30
 minutes do not hold it.
 
-DFlash is lossless too, so the all-features server is held to the same bound. Two bugs broke that
-until 2026-11-21: vLLM 0.32's CPU expand kernel corrupted every mixed greedy and sampled batch's
-verification (patches/cpu_expand_kernel.py), and held drafter writes of finished requests landed in new
-requests' Gated DeltaNet state (the held drafter context, removed since).
+DFlash is lossless too, so the all-features server is held to the same bound. That needs
+patches/cpu_expand_kernel.py (vLLM 0.32's CPU expand kernel corrupts the verification of every batch that mixes
+greedy and sampled requests) and no drafter write outliving its request (one would land in a new request's Gated
+DeltaNet state; tests/e2e/test_dflash_gate.py).
 """
 
 from __future__ import annotations
@@ -69,13 +69,13 @@ def test_greedy_outputs_are_kept_where_the_features_are_lossless(runs):
     """Every greedy output equals the reference or first differs at a near-tie, but for at most 2%.
 
     The reference runs at the features' 320-token step budget (``L.reference_args``): under vLLM's default
-    budget it chunked prompts elsewhere, and vLLM alone then changes greedy tokens at top-2 gaps of up to
-    4.4 nats (``scripts/repro_step_budget_divergence.py``); a CI run on 2026-11-21 saw two such with all
-    features (0.875 and 1.0 nats). Chunk boundaries still follow each server's timing, hence the 2%
-    (``L.allowed_mismatches``).
-    Measured 2026-11-21 with the matched reference: KVFlash + PFlash 141 identical and 9 near-ties of 150,
-    all features 136 and 14; no mismatch. Verification runs 16-token forwards, whose bf16 sums differ from
-    a 1-token decode's, so DFlash adds near-ties, not mismatches."""
+    budget it chunks prompts elsewhere, and vLLM alone then changes greedy tokens at top-2 gaps of up to 4.4 nats
+    (``scripts/repro_step_budget_divergence.py``): the features' outputs would part from it far from near-ties.
+    Chunk boundaries still follow each server's timing, hence the 2% (``L.allowed_mismatches``). With the matched
+    reference nearly every greedy output is identical and the rest first differ at near-ties (docs/operations.md
+    has the counts).
+    Verification runs 16-token forwards, whose bf16 sums differ from a 1-token decode's, so DFlash adds
+    near-ties, not mismatches."""
     cmp = L.compare_greedy(runs["all"]["results"], runs["off"]["results"])
     print("all vs off:", {k: v for k, v in cmp.items() if k != "mismatches"}, cmp["mismatches"])
     assert cmp["greedy_compared"] >= 100

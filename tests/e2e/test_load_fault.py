@@ -2,7 +2,7 @@
 with DFlash, KVFlash and PFlash on: 8 streams for 60 s, client disconnects and aborts in every phase, a KV cache of 106
 blocks (vLLM preempts), a host budget of 40 chunks (requests are held back), greedy canaries against the same
 canaries run alone. Every check of the suite must pass; what each one promises is in docs/operations.md, "Load and
-faults (the suite)". About 2-3 minutes on the 2-core CI machine."""
+faults (the suite)". It takes a few minutes in CI."""
 
 from __future__ import annotations
 

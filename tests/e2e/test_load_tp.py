@@ -44,8 +44,8 @@ def test_every_stream_completes(runs, name):
 
 def test_greedy_outputs_are_kept_where_the_features_are_lossless(runs):
     """The bound of the TP=1 test (vLLM's own chunk-boundary divergence): here one of 48. Near-ties are not
-    counted against it: TP=2 sums each layer's halves in another order. Measured 2026-11-21: 37 identical,
-    10 near-ties and one first differing at a 0.5-nat gap; 42, 6 and none in an earlier run."""
+    counted against it: TP=2 sums each layer's halves in another order (docs/operations.md has the counts of a
+    run)."""
     cmp = L.compare_greedy(runs["all"]["results"], runs["off"]["results"])
     print("all vs off:", {k: v for k, v in cmp.items() if k != "mismatches"}, cmp["mismatches"])
     assert cmp["greedy_compared"] >= 30

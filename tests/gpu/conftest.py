@@ -1,6 +1,6 @@
 """The GPU tier: every feature through real vLLM on a CUDA GPU with vLLM's GPU defaults (CUDA graphs,
 asynchronous scheduling where vLLM turns it on, the model runner vLLM picks). Skipped without CUDA, so
-never run by CI; `docs/gpu.md` says how to run it on the lent GPU and holds its latest results.
+never run by CI; `docs/gpu.md` says how to run it on a GPU machine and holds its latest results.
 
 Each engine runs in a subprocess (``tests/gpu/engine.py`` or ``vllm serve``) so that plugin registration,
 VLLM_PLUGINS and VLLM_USE_V2_MODEL_RUNNER apply per engine. Engines take a small share of the GPU each,
@@ -61,8 +61,8 @@ def gpu_env(plugins: bool = True, **overrides: str) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = str(int(worker[2:]) % devices)
     env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # LLM.apply_model sends a function to the workers
     # Each engine's ports (vLLM scans up from VLLM_PORT) in a range of its own: two TP=2 engines started at once
-    # once drew the same free port from the OS and one failed with EADDRINUSE. Two tier runs of one TP side by side
-    # take separate bases (LUCE_GPU_PORT_BASE).
+    # can draw the same free port from the OS, and one then fails with EADDRINUSE. Two tier runs of one TP side by
+    # side take separate bases (LUCE_GPU_PORT_BASE).
     base = int(os.environ.get("LUCE_GPU_PORT_BASE", "20000"))
     env.setdefault("VLLM_PORT", str(base + 4000 * (TP - 1) + 400 * int(worker[2:]) + 40 * (next(_ENGINES) % 10)))
     if not plugins:
@@ -197,8 +197,8 @@ def trained_hybrid(fixtures_root) -> Path:
 
 def side_by_side(*calls):
     """Run engines at once (each ``(function, args, kwargs)``, with its own ``name``) and return their reports in
-    order: a hybrid engine takes 3-4 minutes to start, so two in a row did not fit a 10-minute device call at
-    TP=2. A skip or failure of any one is raised after all have ended."""
+    order: a hybrid engine takes minutes to start at TP=2, and engines started together wait out one start
+    between them. A skip or failure of any one is raised after all have ended."""
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(len(calls)) as pool:

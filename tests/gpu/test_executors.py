@@ -22,7 +22,7 @@ def model_dir(tiny_model, fixtures_root):
             from fixtures.tiny_models import build_model
 
             # vLLM splits Gated DeltaNet key heads over TP ranks: one key head cannot run at TP=2
-            # (vLLM alone asserts "qkv_dim=256 != 2*H*K + HV*V" on the lent GPUs)
+            # (vLLM alone asserts "qkv_dim=256 != 2*H*K + HV*V")
             base = tiny_model("qwen3_6") if TP == 1 else build_model(
                 "qwen3_6", fixtures_root / f"qwen3_6-tp{TP}", linear_num_key_heads=TP, linear_num_value_heads=2 * TP)
             return as_conditional_generation(base, fixtures_root / f"qwen3_6-cg-tp{TP}")

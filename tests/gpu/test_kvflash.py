@@ -140,18 +140,18 @@ def test_cuda_graphs_follow_graphless_steps_with_a_pool_8x_smaller(tiny_model, t
         graphless = {**graphs, "llm": {**graphs["llm"], "compilation_config": {"cudagraph_mode": "NONE"}}}
         calls += [(run_engine, (s, tmp_path), {"name": f"pool{pool}-{kind}", **RUNNERS[runner]})
                   for kind, s in (("graphs", graphs), ("graphless", graphless))]
-    runs = side_by_side(*calls)  # four engines in a row did not fit a device call at TP=2
+    runs = side_by_side(*calls)  # at once: one engine start for the four
     out = {None: runs[:2], POOL: runs[2:]}
     for graphs, graphless in out.values():
         assert graphs["cudagraph_mode"] != "NONE" and graphless["cudagraph_mode"] == "NONE"
     control, control_gaps = drift_and_ties(*out[None])
     tolerance = max(3 * control, 0.02)
     # Graphs round the prefill and decode queries apart as they do the logprobs, so where two chunks' scores are
-    # near-tied the runs may keep different ones and from there attend to different context (TP=2, H100, 7a8b593:
-    # the pool's one selectable chunk differed in 3 of 4 request runs, at the prompt end in 2). Logprobs are
-    # compared up to there, the chunk scores at every reselection up to there that both runs made from the same
-    # tokens (494f318, H200: a request parted at its first token, an exact tie, and the decode-time reselection
-    # after it scored other queries: 18.5% apart, every reselection before a token part 0.2% at most).
+    # near-tied the runs may keep different ones and from there attend to different context (at TP=2 the pool's
+    # one selectable chunk can differ, at the prompt end too). Logprobs are compared up to there, the chunk scores
+    # at every reselection up to there that both runs made from the same tokens: reselections from the same tokens
+    # score nearly alike, while one after the tokens part (at an exact tie, even the first token) scores other
+    # queries and can be far apart.
     selections = [run.get("rank_reselections") for run in out[POOL]]
     token_parts = first_parts(out[POOL][0]["tokens"], out[POOL][1]["tokens"])
     compared = compare_selections(*selections, out[POOL][0]["prompt_tokens"], token_parts)

@@ -167,8 +167,9 @@ def test_request_below_break_even_stops_drafting_then_retries():
 
 def test_a_good_drafters_requests_are_not_stopped_by_chance():
     """Drafts right with probability 0.9 per position (accepted = drafts before the first miss): 128 requests over
-    64 verify steps, break-even 4.4 (a speculative step 5.4x a plain one's time, as measured at batch 128 on an
-    H200). The mean, 7.2 accepted, is above it; requests whose drafts are useless (0) or poor (p 0.5, 1 accepted) stop."""
+    64 verify steps, break-even 4.4 (a speculative step 5.4x a plain one's time, about what a GPU gives at batch
+    128). The mean, 7.2 accepted, is above it; requests whose drafts are useless (0) or poor (p 0.5, 1 accepted)
+    stop."""
     rng = random.Random(0)
     gate = gate_measured(128, 0.076, 0.014)
     assert gate.regime(128).break_even() == pytest.approx(4.43, abs=0.01)
@@ -213,8 +214,8 @@ def test_config_is_validated():
 
 
 def test_a_stall_during_calibration_does_not_lock_the_slower_mode():
-    """A host stall over the first plain run (40x slower steps, as a CI host once gave the gate on its first three
-    plain steps) is outweighed by the second plain run calibration takes: the gate ends up plain with a drafter that
+    """A host stall over the first plain run (its first three steps 40x slower, as a busy shared host can give) is
+    outweighed by the second plain run calibration takes: the gate ends up plain with a drafter that
     never pays, instead of speculating until its first re-run of plain, max_explore_every steps later."""
     config = GateConfig()
     gate = SpecGate(config)
@@ -238,10 +239,11 @@ def test_a_stall_during_calibration_does_not_lock_the_slower_mode():
 
 
 def test_moderate_acceptance_keeps_speculating_through_runs_of_one_token_steps():
-    """A drafter right half the time per position at batch 1, with an H200's step times (6.68 ms speculative, 5.31
-    plain): half the verify steps commit one token, yet speculation commits 1.44x plain's tokens per second. Averaged
-    over ~4 steps, chance runs of one-token steps flipped the regime to plain until its next re-run (0.905x fixed
-    DFlash on the H200); the gate keeps speculating on nearly every step."""
+    """A drafter right half the time per position at batch 1, with the GPU's step times at batch 1 (6.68 ms
+    speculative, 5.31 plain; docs/benchmarks.md's DFlash run): half the verify steps commit one token, yet
+    speculation commits 1.44x plain's tokens per second. Rates averaged over too few steps (~4) let chance runs of
+    one-token steps flip the regime to plain until its next re-run, a tenth below fixed DFlash; the gate keeps
+    speculating on nearly every step."""
     for seed in range(3):
         rng, gate, drafted_before, tokens, seconds = random.Random(seed), SpecGate(GateConfig()), False, 0, 0.0
         for _ in range(4000):
@@ -264,9 +266,10 @@ def test_averages_start_as_a_plain_mean():
 
 
 def test_a_drafter_just_above_break_even_keeps_its_requests_drafting():
-    """Drafts right half the time (1.0 accepted a verify step) against a break-even of 0.8 (batch 16 on an H200):
-    with two standard errors and 4 steps a third of such requests were stopped by chance within 250 verify steps and
-    finished last; now few are. A drafter right 30% of the time (0.43 accepted) still stops nearly every request."""
+    """Drafts right half the time (1.0 accepted a verify step) against a break-even of 0.8 (the GPU's step times at
+    batch 16): a stop rule of two standard errors over 4 steps would stop a third of such requests by chance within
+    250 verify steps, and they would finish last; the gate's stops few. A drafter right 30% of the time (0.43
+    accepted) still stops nearly every request."""
     rng = random.Random(0)
     gate = gate_measured(16, 0.0106, 0.0059)
     assert gate.regime(16).break_even() == pytest.approx(0.80, abs=0.01)
