@@ -1,6 +1,6 @@
 import pytest
 
-from vllm_luce.config import SCHEMA, LuceConfig, LuceConfigError
+from vllm_luce.config import AUTO_POOL_TOKENS, RESOLVED_KEY, SCHEMA, LuceConfig, LuceConfigError
 
 
 def build(luce=None, environ=None):
@@ -19,7 +19,9 @@ def test_every_feature_is_off_by_default():
 def test_an_empty_section_switches_its_feature_on_with_the_defaults():
     config = build({"kvflash": {}})
     assert [f.name for f in config.active] == ["kvflash"]
-    assert config.kvflash.settings == {key: spec.default for key, spec in SCHEMA["kvflash"].items()}
+    defaults = {key: spec.default for key, spec in SCHEMA["kvflash"].items()}
+    assert config.kvflash.settings == {**defaults, "pool_tokens": AUTO_POOL_TOKENS}  # 'auto' resolved
+    assert config.kvflash.auto == {"pool_tokens"}
 
 
 def test_other_additional_config_keys_are_not_ours():
@@ -119,7 +121,9 @@ def test_bad_environment_values_name_the_variable():
 ])
 def test_kvflash_pool_tokens_values(value, message):
     if message is None:
-        assert build({"kvflash": {"pool_tokens": value}}).kvflash.pool_tokens == value
+        kv = build({"kvflash": {"pool_tokens": value}}).kvflash
+        assert kv.pool_tokens == (AUTO_POOL_TOKENS if value == "auto" else value)
+        assert kv.auto == ({"pool_tokens"} if value == "auto" else set())
     else:
         with pytest.raises(LuceConfigError, match=f"luce.kvflash.pool_tokens: got .*expected {message}"):
             build({"kvflash": {"pool_tokens": value}})
@@ -127,10 +131,59 @@ def test_kvflash_pool_tokens_values(value, message):
 
 def test_kvflash_pool_checks_against_the_chunk_and_the_floor():
     from vllm_luce.kvflash.pager import KVFlashConfigError
-    from vllm_luce.kvflash.settings import AUTO_POOL_TOKENS, pager_config_from
+    from vllm_luce.kvflash.settings import pager_config_from
 
     assert pager_config_from(build({"kvflash": {}}).kvflash).pool_tokens == AUTO_POOL_TOKENS
     with pytest.raises(KVFlashConfigError, match="pool_tokens: got 100; expected a positive multiple of chunk_tokens"):
         pager_config_from(build({"kvflash": {"pool_tokens": 100}}).kvflash)
     with pytest.raises(KVFlashConfigError, match="expected at least 768"):  # 1 sink + 4 recent + 1, of 128
         pager_config_from(build({"kvflash": {"pool_tokens": 512, "chunk_tokens": 128}}).kvflash)
+
+
+@pytest.mark.parametrize("chunk, pool", [(16, 4096), (64, 4096), (1024, 4096)])
+def test_auto_pool_is_whole_chunks(chunk, pool):
+    assert build({"kvflash": {"chunk_tokens": chunk}}).kvflash.pool_tokens == pool
+
+
+class _VllmConfig:
+    def __init__(self, additional_config):
+        self.additional_config = additional_config
+
+
+def test_settings_resolved_once_reach_every_process_as_attached(monkeypatch):
+    """The first process attaches what it resolved; a process that receives the VllmConfig reads that, not its own
+    environment (a worker on another node may have another)."""
+    monkeypatch.setenv("VLLM_LUCE_KVFLASH_CHUNK_TOKENS", "128")
+    first = _VllmConfig({"luce": {"kvflash": {"recent_chunks": 6}}})
+    resolved = LuceConfig.from_vllm_config(first)
+    resolved.attach(first)
+    monkeypatch.setenv("VLLM_LUCE_KVFLASH_CHUNK_TOKENS", "32")
+    received = LuceConfig.from_vllm_config(first)
+    assert received == resolved
+    assert (received.kvflash.chunk_tokens, received.kvflash.recent_chunks, received.kvflash.pool_tokens) == (128, 6, 4096)
+    assert received.kvflash.auto == {"pool_tokens"}
+    import json
+
+    json.dumps(first.additional_config)  # vLLM hashes additional_config as JSON
+
+
+def test_the_resolved_form_keeps_whether_a_feature_was_given():
+    """DFlash is on when vLLM speculates with it unless the user's config said otherwise: the attached form must keep
+    'not given' apart from 'given and off'."""
+    for luce, on_when_used in ((None, True), ({"dflash": False}, False), ({"dflash": {"gate": True}}, True)):
+        config = build(luce)
+        again = LuceConfig.from_plain(config.to_plain())
+        assert again == config and again.dflash.on_when_used() is on_when_used
+
+
+@pytest.mark.parametrize("mangle, message", [
+    (lambda p: p.pop("pflash"), "one entry per feature"),
+    (lambda p: p["kvflash"]["settings"].update(pool_tokens=-1), "luce_resolved'.kvflash.pool_tokens: got -1"),
+    (lambda p: p["kvflash"]["settings"].pop("chunk_tokens"), "kvflash: expected enabled, given, auto and settings"),
+    (lambda p: p.update(kvflash=None), "kvflash: expected enabled"),
+])
+def test_a_mangled_resolved_form_names_what_is_wrong(mangle, message):
+    plain = build({"kvflash": {}}).to_plain()
+    mangle(plain)
+    with pytest.raises(LuceConfigError, match=message):
+        LuceConfig.from_vllm_config(_VllmConfig({RESOLVED_KEY: plain}))

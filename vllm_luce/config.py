@@ -9,6 +9,10 @@ Sources, lowest to highest precedence:
 A section that appears (in either source) is enabled unless it says `"enabled": false`.
 Every key is validated; any problem raises LuceConfigError naming the key, the value given and
 what is accepted, so `vllm serve` stops at startup instead of misbehaving later.
+
+Resolved once: an 'auto' that depends only on the settings (`Key.auto`) becomes its value when the config is
+built, and the process that builds vLLM's VllmConfig writes the result into its additional_config
+(`LuceConfig.attach`), which every other process of the server receives and reads (`from_vllm_config`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from typing import Any, Callable, Mapping
 
 ENV_PREFIX = "VLLM_LUCE_"
 ADDITIONAL_CONFIG_KEY = "luce"
+# Where the first process writes the resolved settings into vLLM's additional_config (``LuceConfig.attach``).
+RESOLVED_KEY = "luce_resolved"
 # Environment variables that are not LuceConfig keys: read at plugin registration, or by
 # scripts/setup.sh and scripts/env.sh (VENV, the virtual environment's folder).
 NON_CONFIG_ENV = {"SKIP_VERSION_CHECK", "EXECUTORS", "DRAFTER", "VENV"}
@@ -39,10 +45,24 @@ class Key:
     accepted: str
     check: Callable[[Any], bool] = lambda value: True
     help: str = ""
+    # For a key whose 'auto' depends only on its section's other settings: the value 'auto' stands for, resolved
+    # once when the LuceConfig is built (an 'auto' that depends on the host, device or model resolves where that
+    # is known).
+    auto: Callable[[Mapping[str, Any]], Any] | None = None
 
 
 def _positive_int_or_auto(value: Any) -> bool:
     return value == "auto" or (isinstance(value, int) and value > 0)
+
+
+# kvflash.pool_tokens 'auto': 4096 tokens, Lucebox's default budget (72 MiB of resident KV for Qwen3.6-27B at any
+# context), rounded down to whole chunks.
+AUTO_POOL_TOKENS = 4096
+
+
+def _auto_pool_tokens(section: Mapping[str, Any]) -> int:
+    chunk = section["chunk_tokens"]
+    return max(AUTO_POOL_TOKENS // chunk, 1) * chunk
 
 
 def _power_of_two(lo: int, hi: int) -> Callable[[Any], bool]:
@@ -83,7 +103,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
     "kvflash": {
         "pool_tokens": Key("auto", (int, str), "a positive integer or 'auto'", _positive_int_or_auto,
                            help="each request's full-attention KV budget in tokens: a multiple of chunk_tokens, "
-                                "at least (sink_chunks + recent_chunks + 1) chunks; auto is 4096"),
+                                "at least (sink_chunks + recent_chunks + 1) chunks; auto is 4096",
+                           auto=_auto_pool_tokens),
         "chunk_tokens": Key(64, int, "a power of two in [16, 1024]", _power_of_two(16, 1024),
                             help="tokens per chunk, the unit of eviction, paging and reselection"),
         "sink_chunks": Key(1, int, "an integer >= 1", lambda v: v >= 1,
@@ -199,6 +220,7 @@ class FeatureConfig:
     enabled: bool
     settings: Mapping[str, Any]
     given: bool = False  # set by the user (environment or --additional-config), not just defaults
+    auto: frozenset[str] = frozenset()  # keys given or left as 'auto', resolved by their Key.auto
 
     def on_when_used(self) -> bool:
         """For DEFAULT_ON_WHEN_USED features: on unless the user switched it off."""
@@ -243,7 +265,46 @@ class LuceConfig:
 
     @classmethod
     def from_vllm_config(cls, vllm_config: Any) -> "LuceConfig":
-        return cls.from_sources(getattr(vllm_config, "additional_config", None))
+        """The settings the first process resolved (``attach``), in every process that receives its VllmConfig;
+        resolved from the sources where none were attached (a platform's own additional_config object)."""
+        additional = getattr(vllm_config, "additional_config", None)
+        if isinstance(additional, Mapping) and RESOLVED_KEY in additional:
+            return cls.from_plain(additional[RESOLVED_KEY])
+        return cls.from_sources(additional)
+
+    def attach(self, vllm_config: Any) -> None:
+        """Hand these resolved settings to every process of the server: vLLM pickles the VllmConfig, and its
+        additional_config with it, to the engine core and every worker. Their environment (another node's, say) is
+        not read again."""
+        additional = getattr(vllm_config, "additional_config", None)
+        if isinstance(additional, dict):
+            additional[RESOLVED_KEY] = self.to_plain()
+
+    def to_plain(self) -> dict[str, Any]:
+        """JSON-ready: vLLM hashes additional_config as JSON."""
+        return {name: {"enabled": f.enabled, "given": f.given, "auto": sorted(f.auto), "settings": dict(f.settings)}
+                for name, f in self.features.items()}
+
+    @classmethod
+    def from_plain(cls, plain: Mapping[str, Any]) -> "LuceConfig":
+        """``to_plain``'s form back, each value other than its default validated again (a hand-written one gets the
+        same errors)."""
+        where = f"additional_config {RESOLVED_KEY!r}"
+        if not isinstance(plain, Mapping) or set(plain) != set(SCHEMA):
+            raise LuceConfigError(f"{where}: expected the form vllm-luce writes, one entry per feature "
+                                  f"({', '.join(SCHEMA)}); leave the key out to have it written")
+        features = {}
+        for name, record in plain.items():
+            given = record.get("settings") if isinstance(record, Mapping) else None
+            if not isinstance(given, Mapping) or set(given) != set(SCHEMA[name]) or \
+                    not {"enabled", "given", "auto"} <= set(record):
+                raise LuceConfigError(f"{where}.{name}: expected enabled, given, auto and settings with the keys "
+                                      f"{', '.join(SCHEMA[name])}")
+            settings = {key: value if value == SCHEMA[name][key].default else
+                        _validate(SCHEMA[name][key], value, f"{where}.{name}.{key}") for key, value in given.items()}
+            features[name] = FeatureConfig(name, bool(record["enabled"]), settings, bool(record["given"]),
+                                           frozenset(record["auto"]))
+        return cls(features=features)
 
 
 def _from_additional_config(additional_config: Any) -> dict[str, dict[str, Any]]:
@@ -308,7 +369,7 @@ def _build_feature(name: str, given: dict[str, tuple[Any, str]] | None) -> Featu
     schema = SCHEMA[name]
     settings = {key: spec.default for key, spec in schema.items()}
     if given is None:  # the section does not appear; an empty one ({}) switches the feature on with its defaults
-        return FeatureConfig(name, False, settings)
+        return _resolve_auto(FeatureConfig(name, False, settings))
     enabled = True
     for key, (value, where) in given.items():
         if key == "enabled":
@@ -326,7 +387,18 @@ def _build_feature(name: str, given: dict[str, tuple[Any, str]] | None) -> Featu
             f"luce.{name}: {name} is not available in this version of vllm-luce; remove the "
             f"setting or set it to {{\"enabled\": false}}. Available features: "
             f"{', '.join(sorted(AVAILABLE_FEATURES)) or 'none yet'}")
-    return FeatureConfig(name, enabled, settings, given=True)
+    return _resolve_auto(FeatureConfig(name, enabled, settings, given=True))
+
+
+def _resolve_auto(feature: FeatureConfig) -> FeatureConfig:
+    schema = SCHEMA[feature.name]
+    autos = {key for key, value in feature.settings.items() if value == "auto" and schema[key].auto is not None}
+    if not autos:
+        return feature
+    settings = dict(feature.settings)
+    for key in autos:
+        settings[key] = schema[key].auto(feature.settings)
+    return FeatureConfig(feature.name, feature.enabled, settings, feature.given, frozenset(autos))
 
 
 def _validate(spec: Key, value: Any, where: str) -> Any:

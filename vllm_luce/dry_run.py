@@ -171,7 +171,7 @@ def kvflash_lines(luce: LuceConfig, architectures: list[str], text: dict, max_mo
     cfg = check_kvflash(SimpleNamespace(model_config=SimpleNamespace(architectures=architectures),
                                         speculative_config=speculative), luce)
     lines = [f"kvflash: on, selection {kv.selection}, policy {kv.policy}, query_window {kv.query_window}",
-             f"  pool_tokens: {cfg.pool_tokens}{' (auto)' if kv.pool_tokens == 'auto' else ''}: {cfg.pool_chunks} "
+             f"  pool_tokens: {cfg.pool_tokens}{' (auto)' if 'pool_tokens' in kv.auto else ''}: {cfg.pool_chunks} "
              f"chunks of {cfg.chunk_tokens} tokens, {cfg.sink_chunks} sink and {cfg.recent_tail_chunks} recent chunks "
              "always resident",
              "  prefix caching: off (a pooled request's KV is not a function of its prefix)"]

@@ -51,8 +51,9 @@ LEDGER: tuple[LedgerEntry, ...] = (
         module="vllm_luce.patches.vllm_config",
         why="vLLM has no hook that validates `--additional-config` for a general plugin. Without one, "
             "a typo in the `luce` settings would be ignored, or fail late inside a worker.",
-        how="Wraps __post_init__: parses and validates LuceConfig before vLLM's own checks, so a bad key "
-            "stops `vllm serve` / `LLM(...)` in the API-server process, then logs the active features.",
+        how="Wraps __post_init__: parses, validates and resolves LuceConfig before vLLM's own checks, so a bad "
+            "key stops `vllm serve` / `LLM(...)` in the API-server process, and writes the resolved settings into "
+            "additional_config['luce_resolved'], which every process receives; then logs the active features.",
         remove_when="vLLM offers a config-validation hook for plugins (e.g. a `vllm.config_validators` "
                     "entry point) or an additional_config schema registry.",
     ),

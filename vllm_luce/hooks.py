@@ -140,8 +140,8 @@ STASH_026 = "vllm-luce drops vLLM 0.26 (the context stash serves 0.26 only)"
 # how and removal condition).
 PATCHES: dict[str, tuple[str, ...]] = {
     "vllm.config.vllm:VllmConfig.__post_init__": (
-        "config", STARTUP, "validate `--additional-config {\"luce\": ...}` before vLLM's checks; run the feature "
-        "installs; log the active features"),
+        "config", STARTUP, "validate and resolve `--additional-config {\"luce\": ...}` before vLLM's checks, for "
+        "every process; run the feature installs; log the active features"),
     f"{ENGINE_ARGS}.add_cli_args": ("DFlash", STARTUP, "`--speculative-model`; strict `--additional-config`"),
     f"{ENGINE_ARGS}.create_speculative_config": ("DFlash", STARTUP,
                                                  "drafter resolution, defaults and drafter/target checks"),

@@ -22,12 +22,10 @@ TARGET = "vllm.v1.core.sched.scheduler:Scheduler._mamba_block_aligned_split"
 def pooled_prompt_tokens(vllm_config) -> int | None:
     """The pool size in tokens when paged KVFlash is on, else None."""
     from vllm_luce.config import LuceConfig
-    from vllm_luce.kvflash.settings import pager_config_from
+    from vllm_luce.kvflash.settings import resident_cap_tokens
 
     kv = LuceConfig.from_vllm_config(vllm_config).kvflash
-    if not kv.enabled or kv.selection != "page":
-        return None
-    return pager_config_from(kv).pool_tokens
+    return (resident_cap_tokens(kv) or None) if kv.enabled else None
 
 
 class KVFlashSchedulerMixin:

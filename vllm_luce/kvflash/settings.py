@@ -1,4 +1,4 @@
-"""KVFlash settings that depend on nothing but the LuceConfig (pure)."""
+"""KVFlash settings derived from the resolved LuceConfig and what a process knows of the host and model (pure)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,17 @@ import tempfile
 
 from vllm_luce.kvflash.pager import PagerConfig
 
-# "auto": 4096 tokens, Lucebox's default budget (72 MiB of resident KV for Qwen3.6-27B at any context).
-AUTO_POOL_TOKENS = 4096
-
-
-def resolve_pool_tokens(pool_tokens, chunk_tokens: int) -> int:
-    if pool_tokens == "auto":
-        return max(AUTO_POOL_TOKENS // chunk_tokens, 1) * chunk_tokens
-    return pool_tokens
-
 
 def pager_config_from(kvflash) -> PagerConfig:
     """Validates the pool against the chunk and the floor (a KVFlashConfigError names the key)."""
-    return PagerConfig(pool_tokens=resolve_pool_tokens(kvflash.pool_tokens, kvflash.chunk_tokens),
-                       chunk_tokens=kvflash.chunk_tokens, sink_chunks=kvflash.sink_chunks,
-                       recent_chunks=kvflash.recent_chunks)
+    return PagerConfig(pool_tokens=kvflash.pool_tokens, chunk_tokens=kvflash.chunk_tokens,
+                       sink_chunks=kvflash.sink_chunks, recent_chunks=kvflash.recent_chunks)
+
+
+def resident_cap_tokens(kvflash) -> int:
+    """The most full-attention tokens a request keeps in vLLM's KV blocks: the pool with paging; 0 (no cap) with
+    SFI, which keeps every block resident and applies the pool as the decode steps' attention budget."""
+    return 0 if kvflash.selection == "sfi" else kvflash.pool_tokens
 
 
 def longest_page_out(max_model_len: int, pool_tokens: int, chunk_tokens: int, chunk_bytes: int) -> int:

@@ -38,10 +38,9 @@ def build_layer_plan(model) -> LayerPlan:
 def pool_full_attention(model, plan: LayerPlan, luce: LuceConfig) -> None:
     """KVFlash: the full-attention layers that own their KV declare a KVFlashSpec (a per-request
     pool); sliding-window, KV-sharing and Gated DeltaNet layers keep vLLM's own specs."""
-    from vllm_luce.kvflash.settings import pager_config_from
+    from vllm_luce.kvflash.settings import resident_cap_tokens
     from vllm_luce.kvflash.spec import KVFlashSpec
-    # SFI keeps every block resident: no cap (its pool is the attention budget, applied by the worker).
-    pool_tokens = 0 if luce.kvflash.selection == "sfi" else pager_config_from(luce.kvflash).pool_tokens
+    pool_tokens = resident_cap_tokens(luce.kvflash)
     cold_rows = bool(pool_tokens) and luce.kvflash.gpu_cold  # rows with room for cold chunks in free blocks
     modules = dict(model.named_modules())
     for info in plan.full_attention:

@@ -16,6 +16,7 @@ def _make_wrapper(original):
     @functools.wraps(original)
     def __post_init__(self) -> None:
         luce = LuceConfig.from_vllm_config(self)
+        luce.attach(self)  # resolved once: the engine core and workers read these
         from vllm_luce import hooks
 
         for hook in hooks.features(hooks.BEFORE_CHECKS):
