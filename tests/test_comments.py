@@ -25,7 +25,7 @@ import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCOPE = ("vllm_luce", "tests", "benchmarks", "scripts", "examples")
+SCOPE = ("vllm_luce", "tests", "benchmarks", "scripts", "examples", "fixtures", "testenv")
 
 # 7-40 hex digits with a letter and a digit (a decimal number or a word like "deadbeef" or "facade" is none), not
 # joined to a word, a path, a file name or a 0x literal (``tier_6fa1396.json`` names a data file, not history).

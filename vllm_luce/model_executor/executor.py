@@ -61,7 +61,7 @@ class LuceExecutor:
     def __init_subclass__(cls, **kwargs):
         """An executor answers to its upstream class's ``__name__``: vLLM dispatches on
         ``model.__class__.__name__`` (vLLM 0.26's DFlash proposer reads a multimodal target's image token by
-        it, and failed on LuceQwen3_5ForConditionalGeneration). Its own name stays in ``__qualname__``,
+        it, and fails on any other name, such as LuceQwen3_5ForConditionalGeneration). Its own name stays in ``__qualname__``,
         which pickling and the logs use."""
         super().__init_subclass__(**kwargs)
         upstream = next((b for b in cls.__mro__[1:] if b.__module__.startswith("vllm.")), None)

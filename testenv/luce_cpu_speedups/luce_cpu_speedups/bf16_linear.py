@@ -2,9 +2,8 @@
 
 On an x86 CPU without AVX512-BF16 (AVX2 only, as this project's CI hosts), oneDNN cannot build vLLM's bf16
 matmul ("could not create a primitive descriptor") and vLLM falls back to ``torch.nn.functional.linear`` in
-bf16, which PyTorch emulates. Measured on a 2-core AMD EPYC (AVX2), trained Qwen3.6 shapes: 16 x 256 x 4096
-in 2.29 ms against 0.45 ms through a float32 copy of the weight, and 1600 x 256 x 1024 in 66.5 ms against
-6.5 ms. Here such a layer keeps a float32 copy of its weight, made once at load, and computes in float32:
+bf16, which PyTorch emulates several times slower than a float32 matmul through a float32 copy of the
+weight. Here such a layer keeps a float32 copy of its weight, made once at load, and computes in float32:
 the bf16 inputs convert exactly, the sum accumulates in float32 (as PyTorch's bf16 kernel does too), and
 the result rounds to bf16. CPUs with bf16 dot products, other dtypes and larger weights keep vLLM's path.
 """

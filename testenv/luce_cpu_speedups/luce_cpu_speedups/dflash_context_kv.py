@@ -3,9 +3,8 @@ test-environment speed-up).
 
 vLLM's Qwen3 DFlash drafter projects the target's context features to every layer's K/V in one GEMM over a
 fused bf16 weight (``F.linear`` in ``_project_context_kv``), outside its linear layers, so ``bf16_linear``
-does not reach it and PyTorch emulates the bf16 GEMM. py-spy on the load test's all-features server (trained
-Qwen3.6 pair, 300 requests, 2-core AVX2 CPU): 4.4 s of the worker's 85 s were that GEMM, most of what DFlash
-added to the time of a server without it, whose gate ran plain on all but 4 steps.
+does not reach it and PyTorch emulates the bf16 GEMM: in the load test's all-features server that GEMM was
+most of what DFlash added to the time of a server without it.
 
 Here, once the drafter has built its context buffers, each layer's context projection becomes a float32 copy
 of its K/V rows, called through the per-layer path vLLM keeps for quantized layers (``q_size`` 0: the

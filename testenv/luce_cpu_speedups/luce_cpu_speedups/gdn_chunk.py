@@ -2,8 +2,8 @@
 test-environment speed-up).
 
 vLLM's C++ ``chunk_gated_delta_rule_cpu`` takes bf16 only, and on an x86 CPU without AVX512-BF16 its bf16
-arithmetic is emulated: 338 ms per layer for 16 prompts of 220 tokens (2 heads of 128, trained Qwen3.6, a
-2-core AMD EPYC), 59% of a prefill-and-decode run after the linear layers were fixed. ``chunk_gated_delta_rule``
+arithmetic is emulated, the larger part of a prefill-and-decode run once the linear layers compute in float32.
+``chunk_gated_delta_rule``
 below is the same chunked delta rule in float32 PyTorch matmuls. Per sequence, in chunks of ``CHUNK`` tokens:
 
     S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - exp(g_t) S_{t-1}^T k_t))^T,   o_t = S_t^T (q_t / sqrt(d_k))
