@@ -153,7 +153,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
     LedgerEntry(
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids",
         signature='(self) -> DraftTokenIds | None',
-        module="vllm_luce.patches.gpu_model_runner",
+        module="vllm_luce.patches.take_draft_token_ids_v1",
         why="DFlash drafts K tokens per request in one forward and V1 hands all K to the scheduler. "
             "Adaptive verify width (verify only the confident prefix) and the non-finite guard (never "
             "verify a draft from non-finite logits) must cut those lists, and V1 has no hook between "
@@ -206,7 +206,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
                   'None=None, num_rejected_tokens_gpu: torch.Tensor | None=None, slot_mappings: '
                   'dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None=None) -> '
                   'torch.Tensor',
-        module="vllm_luce.patches.dflash_proposer",
+        module="vllm_luce.patches.dflash_proposer_v1",
         why="On a plain step (the gate's K = 0) vLLM's V1 DFlash proposer still runs the drafter's forward on "
             "one query per request, which reads all of the drafter's layer weights for drafts nobody asked for; "
             "only its context pass is needed, so the drafter's KV stays complete for when speculation resumes. "
@@ -283,14 +283,14 @@ LEDGER += (
                   'kv_cache_allocation_context: AbstractContextManager | None=None) -> None',
         per_series={"0.26": '(self, kv_cache_config: KVCacheConfig, is_profiling: bool=False) -> '
                             'None'},
-        module="vllm_luce.patches.gpu_model_runner_kv_cache",
+        module="vllm_luce.patches.initialize_kv_cache_v1",
         why="KVFlash's worker side (per-request pagers, the pooled group's slot mapping and resident "
             "sequence lengths) needs the runner's KV cache tensors, block tables and attention groups, which "
             "exist only after initialize_kv_cache. V1 has no hook for a plugin there (KV connectors are "
             "scheduler/transfer hooks and cannot change slot mappings).",
         how="Wraps initialize_kv_cache (the CPU runner calls it through super()): after vLLM's own code, except "
             "on the profiling call (is_profiling: a minimal KV cache for CUDA graph memory, the real one follows), when "
-            "luce.kvflash is on and a KVFlashSpec group exists, kvflash.worker.bind_v1 binds to that "
+            "luce.kvflash is on and a KVFlashSpec group exists, kvflash.worker_v1.bind_v1 binds to that "
             "runner's objects (instance attributes only: the group's BlockTable.compute_slot_mapping, its "
             "metadata builders, the pooled layers' impl.forward, and _update_states for releases). When "
             "luce.pflash is on, rank 0 also loads the PFlash drafter there (after the KV cache, so a drafter "
@@ -303,7 +303,7 @@ LEDGER += (
         signature='(self, kv_cache_config: KVCacheConfig, is_profiling: bool=False, '
                   'kv_cache_allocation_context: AbstractContextManager | None=None) -> None',
         per_series={"0.26": '(self, kv_cache_config: KVCacheConfig) -> None'},
-        module="vllm_luce.patches.gpu_v2_model_runner_kv_cache",
+        module="vllm_luce.patches.initialize_kv_cache_v2",
         why="The same as for V1, for Model Runner V2 (the GPU default in vLLM 0.33): KVFlash must bind to "
             "the runner's block tables, attention groups and request states once they exist.",
         how="Wraps V2's initialize_kv_cache: afterwards kvflash.worker_v2.bind_v2 binds (instance attributes "

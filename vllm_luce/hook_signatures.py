@@ -214,7 +214,7 @@ PER_SERIES: dict[str, dict[str, str | None]] = {
             'is_profile: bool=False) -> ModelRunnerOutput | IntermediateTensors | None'
         ),
     },
-    # plain_steps.py looks it up with getattr: 0.26's drafter graph has no separate context write.
+    # plain_steps_v2.py looks it up with getattr: 0.26's drafter graph has no separate context write.
     "vllm.v1.worker.gpu.spec_decode.dflash.speculator:DFlashSpeculator._prepare_graph_forward": {
         "0.26": None,
     },

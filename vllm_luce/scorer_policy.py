@@ -1,6 +1,6 @@
 """KVFlash's drafter-scorer policy (``luce.kvflash.policy: scorer``), the seam where KVFlash uses PFlash: PFlash's
 drafter scores the request's context and each KVFlash chunk gets the mean importance of its tokens (no vLLM import).
-KVFlash's V1 binding (``kvflash/worker.py``) asks ``drafter_scorer`` for it.
+KVFlash's V1 binding (``kvflash/worker_v1.py``) asks ``drafter_scorer`` for it.
 
 PFlash's lexical anchors rank first, as in PFlash's selection: a chunk holding an exact 4-gram of
 the context's last 96 tokens (the question and what has been generated since), found at most 8 times

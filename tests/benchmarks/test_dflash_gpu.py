@@ -63,7 +63,7 @@ def test_each_plugin_mode_sets_the_gate_and_only_unstashed_sets_the_stash():
 
 def test_a_split_engine_switches_its_variants_and_reports_each_as_an_engine():
     from vllm_luce.spec_decode.context_stash import ContextStash
-    from vllm_luce.spec_decode.plain_steps import PlainStep
+    from vllm_luce.spec_decode.plain_steps_v2 import PlainStep
 
     step = PlainStep(ContextStash(1024))
     step.plain = True

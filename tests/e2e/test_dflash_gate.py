@@ -106,8 +106,8 @@ class AlternatingLookup:
 
 def test_requests_admitted_as_others_finish_keep_their_output(trained_pair):
     """64 requests through 32 sequence slots, the engine switching between 4 plain and 4 drafting steps: finished
-    requests' blocks go to new ones while plain steps write the drafter's context (patches/dflash_proposer.py). On
-    this hybrid target the drafter's KV blocks share memory with the Gated DeltaNet state blocks, so a context
+    requests' blocks go to new ones while plain steps write the drafter's context (patches/dflash_proposer_v1.py).
+    On this hybrid target the drafter's KV blocks share memory with the Gated DeltaNet state blocks, so a context
     write to a block no longer the request's would land in a new request's recurrent state."""
     from fixtures import serve_load as L
     from vllm import LLM, SamplingParams

@@ -9,7 +9,7 @@ pin the contract instead:
 * with async scheduling (V2's default) the gated async scheduler sizes its placeholders from the
   same value.
 
-Not bound on V2: cutting each request's verify width (V1 only, ``patches/gpu_model_runner.py``):
+Not bound on V2: cutting each request's verify width (V1 only, ``patches/take_draft_token_ids_v1.py``):
 V2 keeps drafts on the GPU and verifies what it scheduled.
 """
 

@@ -20,7 +20,8 @@ step overwrites (``graph_buffer``, the rows and query buffers), never in a tenso
 new tensors a replayed step read the resident lengths and wrote the queries of whatever the captured
 addresses held.
 
-``worker.py`` (Model Runner V1) and ``worker_v2.py`` attach it to vLLM's two model runners.
+``worker_v1.py`` (Model Runner V1) and ``worker_v2.py`` attach it to vLLM's two model runners, with the pieces both
+share (``worker.py``).
 """
 
 from __future__ import annotations

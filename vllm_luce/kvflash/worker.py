@@ -1,8 +1,8 @@
-"""KVFlash bound to vLLM's Model Runner V1 (and the CPU runner built on it): the runtime (``runtime.py``) plans each
-step; this binds it to the runner's objects after ``initialize_kv_cache``: the pooled group's slot mapping (from the
-pagers), its attention metadata builders (``_PooledBuilder``: attention and CUDA graph capture read the resident
-lengths), the pooled layers' query capture, and releases of finished and preempted requests. ``worker_v2.py`` binds
-Model Runner V2 with the shared pieces here (the builder wrapper, query capture, groups, options).
+"""KVFlash's worker side, what the bindings to vLLM's two model runners share: the runtime (``runtime.py``) plans each
+step, and ``worker_v1.py`` (Model Runner V1, and the CPU runner built on it) and ``worker_v2.py`` (Model Runner V2)
+bind it to the runner's objects after ``initialize_kv_cache``. Both use what is here: the pooled KV cache group, the
+attention metadata builders' wrapper (``PooledBuilder``: attention and CUDA graph capture read the resident lengths),
+the pooled layers' query capture, the salient policy's scored dims, the runtime's options and the TP reduction.
 """
 
 from __future__ import annotations
@@ -14,14 +14,9 @@ import torch
 
 from vllm_luce import hooks, metrics
 from vllm_luce.kernels.scored_dims import FAST_PAIRS, ScoredDims
-from vllm_luce.kvflash.cache_layout import cache_layout
 from vllm_luce.kvflash.kv_store import to_device_async
 from vllm_luce.kvflash.runtime import KVFlashRuntime
-from vllm_luce.kvflash.settings import ledger_path, pager_config_from
-from vllm_luce.log import logger, tag
-
-
-# ------------------------------------------------------------------ Model Runner V1 binding
+from vllm_luce.kvflash.settings import ledger_path
 
 
 def kvflash_groups(kv_cache_config) -> list[int]:
@@ -45,39 +40,6 @@ def pooled_group(kv_cache_config) -> int:
                            "full-attention layers than layers of another kind); KVFlash pools one group: turn "
                            "luce.kvflash off for this model")
     return groups[0]
-
-
-def bind_v1(runner, luce) -> KVFlashRuntime:
-    """Attach KVFlash to a V1 GPUModelRunner (or CPUModelRunner) after initialize_kv_cache."""
-    gid = pooled_group(runner.kv_cache_config)
-    group = runner.kv_cache_config.kv_cache_groups[gid]
-    spec = group.kv_cache_spec
-    attn_groups = runner.attn_groups[gid]
-    forward_context = runner.compilation_config.static_forward_context
-    caches = [forward_context[name].kv_cache for name in group.layer_names]
-    caches = [c[0] if isinstance(c, list) else c for c in caches]
-    cfg = pager_config_from(luce.kvflash)
-    block_table = runner.input_batch.block_table[gid]
-    layout = cache_layout(attn_groups[0].backend.get_name(), forward_context[group.layer_names[0]], spec,
-                          caches[0].shape[2])
-    runtime = KVFlashRuntime(cfg, luce.kvflash.policy, caches, layout, spec.head_size, block_table.block_size,
-                             runner.input_batch.max_num_reqs, scorer=_drafter_scorer(runner, luce, cfg),
-                             reduce_max=_tp_reduce_max(), scored_dims=scored_dims(runner.get_model(), group.layer_names),
-                             **runtime_options(runner.vllm_config, luce))
-    _bind_slot_mapping(runner, block_table, runtime)
-    for attn_group in attn_groups:
-        builders = [_PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
-        hooks.bind("vllm.v1.worker.utils:AttentionGroup.metadata_builders", attn_group, builders)
-    for index, name in enumerate(group.layer_names):
-        _capture_queries(forward_context[name], index, runtime)
-    _bind_release(runner, runtime)
-    runner.luce_kvflash = runtime
-    runtime.warm_up(local_query_heads(runner.vllm_config))
-    logger.info("%s: KVFlash on %d layers (group %d, block %d): %s %d tokens in chunks of %d, policy %s", tag(),
-                len(group.layer_names), gid, block_table.block_size,
-                "SFI, decode attends to" if runtime.selection == "sfi" else "pool", cfg.pool_tokens,
-                cfg.chunk_tokens, policy_label(runtime))
-    return runtime
 
 
 def local_query_heads(vllm_config) -> int | None:
@@ -152,41 +114,13 @@ def runtime_options(vllm_config, luce) -> dict:
             "metric_labels": {"model_name": metrics.model_name(vllm_config), "rank": rank}}
 
 
-def _drafter_scorer(runner, luce, cfg):
-    """policy 'scorer': PFlash's drafter scores each request's context (``vllm_luce/scorer_policy.py``)."""
-    if luce.kvflash.policy != "scorer":
-        return None
-    from vllm_luce.scorer_policy import drafter_scorer
-
-    return drafter_scorer(runner, luce, cfg)
-
-
 def first_positions(query_start_loc: np.ndarray, positions: torch.Tensor) -> np.ndarray:
     """Each request's first scheduled position, read from the device's positions (a sync)."""
     first = np.minimum(query_start_loc[:-1], max(positions.shape[0] - 1, 0))
     return positions.cpu().numpy()[first]
 
 
-def _bind_slot_mapping(runner, block_table, runtime: KVFlashRuntime) -> None:
-    """The pooled group's slot mapping comes from the pagers instead of ``row[pos // block]``."""
-
-    def compute_slot_mapping(num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:
-        batch = runner.input_batch
-        qsl = runner.query_start_loc.np[: num_reqs + 1]
-        if getattr(runner, "use_async_spec_decode", False):  # the host's counts assume every draft accepted
-            starts = first_positions(qsl, positions)
-        else:  # from the host: reading the GPU's positions waited for the step in flight (no async overlap)
-            starts = batch.num_computed_tokens_cpu[:num_reqs]
-        slots = runtime.plan(batch.req_ids[:num_reqs], qsl, starts, block_table.block_table.np,
-                             block_table.num_blocks_per_row, batch.num_prompt_tokens)
-        n = len(slots)
-        block_table.slot_mapping.np[:n] = slots
-        block_table.slot_mapping.copy_to_gpu(n)
-
-    hooks.bind("vllm.v1.worker.block_table:BlockTable.compute_slot_mapping", block_table, compute_slot_mapping)
-
-
-class _PooledBuilder:
+class PooledBuilder:
     """Wraps the group's attention metadata builder: attention reads the resident tokens only.
 
     vLLM captures a CUDA graph through ``build_for_cudagraph_capture``, whose default calls ``build`` on the
@@ -238,7 +172,7 @@ class _PooledBuilder:
         return self._inner.build_for_drafting(self._pooled(common_attn_metadata), draft_index)
 
 
-def _capture_queries(layer, index: int, runtime: KVFlashRuntime) -> None:
+def capture_queries(layer, index: int, runtime: KVFlashRuntime) -> None:
     impl = layer.impl
     forward = impl.forward
 
@@ -250,18 +184,7 @@ def _capture_queries(layer, index: int, runtime: KVFlashRuntime) -> None:
     hooks.bind("vllm.v1.attention.backend:AttentionImpl.forward", impl, forward_observed)
 
 
-def _bind_release(runner, runtime: KVFlashRuntime) -> None:
-    update_states = runner._update_states
-
-    def _update_states(scheduler_output, *args, **kwargs):
-        runtime.release(scheduler_output.finished_req_ids)
-        runtime.release(scheduler_output.preempted_req_ids or ())
-        return update_states(scheduler_output, *args, **kwargs)
-
-    hooks.bind("vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states", runner, _update_states)
-
-
-def _tp_reduce_max():
+def tp_reduce_max():
     """MAX all-reduce over the tensor-parallel group, so QK residency decisions agree across ranks."""
     try:
         from vllm.distributed import get_tensor_model_parallel_world_size

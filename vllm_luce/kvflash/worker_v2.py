@@ -9,7 +9,8 @@ in 0.33). Same ``KVFlashRuntime`` as V1; V2's objects differ:
   mirrors, so the step need not wait for the device (without a speculator, whose drafts make V2's
   host counts an upper bound, each request's first position is its computed-token count);
 * finished and preempted requests come through ``finish_requests(scheduler_output)``.
-Attention metadata builders and query capture are bound as in V1.
+Attention metadata builders and query capture are bound as in V1, with the pieces both runners share (``worker.py``);
+``worker_v1.py`` binds Model Runner V1.
 
 Run end to end by the GPU tier on V1 and V2 (tests/gpu/test_kvflash.py, docs/gpu.md); on CPU, tested against V2's
 interfaces with stand-in objects (tests/kvflash/test_worker_v2.py).
@@ -25,9 +26,8 @@ from vllm_luce.kvflash.cache_layout import cache_layout
 from vllm_luce.kvflash.kv_store import to_device_async
 from vllm_luce.kvflash.settings import pager_config_from
 from vllm_luce.kvflash.runtime import KVFlashRuntime
-from vllm_luce.kvflash.worker import (_capture_queries, _PooledBuilder, _tp_reduce_max, first_positions,
-                                      local_query_heads, policy_label, pooled_group, runtime_options,
-                                      scored_dims)
+from vllm_luce.kvflash.worker import (PooledBuilder, capture_queries, first_positions, local_query_heads,
+                                      policy_label, pooled_group, runtime_options, scored_dims, tp_reduce_max)
 from vllm_luce.log import logger, tag
 
 
@@ -42,7 +42,7 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
                           group.kv_cache_spec, caches[0].shape[2])
     runtime = KVFlashRuntime(pager_config_from(luce.kvflash), luce.kvflash.policy, caches, layout,
                              group.kv_cache_spec.head_size, block_tables.block_sizes[gid],
-                             block_tables.max_num_reqs, reduce_max=_tp_reduce_max(),
+                             block_tables.max_num_reqs, reduce_max=tp_reduce_max(),
                              scored_dims=scored_dims(runner.get_model(), group.layer_names),
                              **runtime_options(runner.vllm_config, luce))
     rows: dict[int, np.ndarray] = {}
@@ -105,10 +105,10 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
     hooks.bind("vllm.v1.worker.gpu.model_runner:GPUModelRunner.finish_requests", runner, finish_requests_releasing)
     hooks.bind("vllm.v1.worker.gpu.model_runner:GPUModelRunner.prepare_attn", runner, prepare_attn_noting)
     for attn_group in runner.attn_groups[gid]:
-        builders = [_PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
+        builders = [PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
         hooks.bind("vllm.v1.worker.utils:AttentionGroup.metadata_builders", attn_group, builders)
     for index, name in enumerate(group.layer_names):
-        _capture_queries(forward_context[name], index, runtime)
+        capture_queries(forward_context[name], index, runtime)
     runner.luce_kvflash = runtime
     runtime.warm_up(local_query_heads(runner.vllm_config))
     logger.info("%s: KVFlash (Model Runner V2) on %d layers, pool %d tokens, policy %s", tag(),

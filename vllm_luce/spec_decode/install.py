@@ -1,6 +1,6 @@
 """Switch the DFlash gate on in a VllmConfig: point vLLM's ``scheduler_cls`` setting at the gated scheduler
 (``hooks.GATED_SCHEDULERS``) when vLLM speculates with DFlash, and on Model Runner V2 on CUDA give vLLM the
-draft-length table that makes it capture one-token decode graphs (``plain_steps.py``). Called from the VllmConfig
+draft-length table that makes it capture one-token decode graphs (``plain_steps_v2.py``). Called from the VllmConfig
 patch."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
     dflash = luce.dflash
     if not (dflash.on_when_used() and dflash.gate):
         return None
-    from vllm_luce.spec_decode.plain_steps import context_stash_tokens, graph_table, set_graph_table
+    from vllm_luce.spec_decode.plain_steps_v2 import context_stash_tokens, graph_table, set_graph_table
 
     table = getattr(spec, "num_speculative_tokens_per_batch_size", None)
     if table and table != graph_table(spec.num_speculative_tokens, vllm_config.scheduler_config.max_num_seqs):

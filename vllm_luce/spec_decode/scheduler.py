@@ -6,8 +6,8 @@ static dynamic-speculation table) and sends the answer to the model runner as
 on it) and Model Runner V2, synchronous or asynchronous scheduling. The gate stands in for that table, and
 this scheduler mixin, in the classes installed with vLLM's ``scheduler_cls`` setting (``vllm_luce/schedulers.py``,
 with KVFlash's mixin), feeds it what each step cost and committed. With K = 0 the drafter writes only its context,
-so its KV stays complete (``patches/dflash_proposer.py`` on V1, ``plain_steps.py`` on V2), and the next step
-verifies nothing.
+so its KV stays complete (``patches/dflash_proposer_v1.py`` on V1, ``plain_steps_v2.py`` on V2), and the next
+step verifies nothing.
 
 The gate decides before vLLM schedules the step, for the running and the admissible waiting requests, so
 that drafts no one may use are dropped first: all of them on a plain step (so it verifies nothing), and

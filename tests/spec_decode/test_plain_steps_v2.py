@@ -1,4 +1,4 @@
-"""Plain steps on Model Runner V2 (``vllm_luce/spec_decode/plain_steps.py``): the draft-length table that makes V2
+"""Plain steps on Model Runner V2 (``vllm_luce/spec_decode/plain_steps_v2.py``): the draft-length table that makes V2
 capture one-token decode graphs, and a DFlash speculator that writes its context but runs no drafter on them."""
 
 from types import SimpleNamespace
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vllm_luce.config import LuceConfig, LuceConfigError
-from vllm_luce.spec_decode import plain_steps
+from vllm_luce.spec_decode import plain_steps_v2
 from vllm_luce.spec_decode.install import install_gate
 
 
@@ -28,7 +28,7 @@ def cuda(monkeypatch):
 def test_the_table_has_draft_lengths_k_and_0_with_0_past_every_real_batch_size():
     from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
 
-    table = plain_steps.graph_table(15, 128)
+    table = plain_steps_v2.graph_table(15, 128)
     assert {k for _, _, k in table} == {15, 0}
     assert set(build_dynamic_sd_schedule_lookup(table, 128, 15)[1:]) == {15}  # vLLM's own lookup never says 0
 
@@ -37,7 +37,7 @@ def test_the_gate_sets_the_table_on_v2_with_cuda_only(cuda):
     luce = LuceConfig.from_sources({}, {})
     config = vllm_config()
     assert install_gate(config, luce).endswith("LuceGatedAsyncScheduler")
-    assert config.speculative_config.num_speculative_tokens_per_batch_size == plain_steps.graph_table(15, 128)
+    assert config.speculative_config.num_speculative_tokens_per_batch_size == plain_steps_v2.graph_table(15, 128)
     assert install_gate(config, luce)  # again (a copied config): its own table is no user table
     for other in (vllm_config(v2=False), vllm_config(data_parallel=2)):
         install_gate(other, luce)
@@ -79,7 +79,7 @@ def test_a_plain_step_writes_the_drafters_context_and_runs_no_drafter(graphs):
     speculator = DFlashSpeculator(graphs)
     runner = SimpleNamespace(speculator=speculator, execute_model=lambda out, *a, **k: "executed",
                              vllm_config=vllm_config())
-    step = plain_steps.bind_v2(runner, LuceConfig.from_sources({}, {}))
+    step = plain_steps_v2.bind_v2(runner, LuceConfig.from_sources({}, {}))
     drafter = "graph" if graphs else "eager"
     for k, expected in ((15, ["context", drafter]), (0, ["context"]), (15, ["context", drafter])):
         speculator.calls.clear()
@@ -100,7 +100,7 @@ def test_from_vllm_032_a_plain_step_runs_the_graphs_context_write_without_the_dr
     Speculator032.__name__ = "DFlashSpeculator"  # vLLM's class name, which bind_v2 looks for
     speculator = Speculator032(graphs=True)
     runner = SimpleNamespace(speculator=speculator, execute_model=lambda out, *a, **k: None, vllm_config=vllm_config())
-    plain_steps.bind_v2(runner, LuceConfig.from_sources({}, {}))
+    plain_steps_v2.bind_v2(runner, LuceConfig.from_sources({}, {}))
     for k, expected in ((15, ["graph"]), (0, [("context step", 4, None)])):
         speculator.calls.clear()
         runner.execute_model(scheduler_output(k))
@@ -111,8 +111,8 @@ def test_from_vllm_032_a_plain_step_runs_the_graphs_context_write_without_the_dr
 def test_without_the_gate_or_a_dflash_speculator_nothing_is_bound():
     runner = SimpleNamespace(speculator=DFlashSpeculator(True), execute_model=lambda out: None)
     off = LuceConfig.from_sources({"luce": {"dflash": {"gate": False}}}, {})
-    assert plain_steps.bind_v2(runner, off) is None
-    assert plain_steps.bind_v2(SimpleNamespace(speculator=None), LuceConfig.from_sources({}, {})) is None
+    assert plain_steps_v2.bind_v2(runner, off) is None
+    assert plain_steps_v2.bind_v2(SimpleNamespace(speculator=None), LuceConfig.from_sources({}, {})) is None
 
 
 class ContextModel:
@@ -195,7 +195,7 @@ def test_a_stash_leaves_the_drafter_reading_the_cache_every_step_writing_gives(p
         speculator = DFlashSpeculator_(model, per_layer)
         runner = SimpleNamespace(speculator=speculator, execute_model=lambda out, *a, **k: None)
         luce = LuceConfig.from_sources({"luce": {"dflash": {"plain_context_stash": stash}}}, {})
-        plain_steps.bind_v2(runner, luce)
+        plain_steps_v2.bind_v2(runner, luce)
         for out, features, positions, slots, dummy in steps(1):
             runner.execute_model(out, dummy_run=dummy)
             speculator.propose(features, positions, slots, dummy_run=dummy)
@@ -210,7 +210,7 @@ def test_a_stash_leaves_the_drafter_reading_the_cache_every_step_writing_gives(p
 
 
 def test_only_plain_decode_steps_where_no_block_changes_hands_are_stashable():
-    step = plain_steps.PlainStep()
+    step = plain_steps_v2.PlainStep()
     cases = {"plain decode": (scheduler_output(0), True), "drafting": (scheduler_output(15), False),
              "a prefill rides along": (scheduler_output(0, tokens=9), False),
              "a request starts": (scheduler_output(0, new=("n",)), False),
@@ -248,7 +248,7 @@ def test_the_default_stash_is_1024_tokens_where_it_applies_and_off_elsewhere(cud
     assert install_gate(vllm_config(v2=v2), luce)  # never refused
     runner = SimpleNamespace(speculator=DFlashSpeculator_(ContextModel(), per_layer=False),
                              execute_model=lambda out, *a, **k: None, vllm_config=vllm_config(v2=v2))
-    stash = plain_steps.bind_v2(runner, luce).stash
+    stash = plain_steps_v2.bind_v2(runner, luce).stash
     assert (stash.capacity if stash else 0) == (1024 if v2 and series == "0.26" else 0)
 
 
@@ -259,7 +259,7 @@ def test_a_step_that_copies_cache_blocks_first_writes_what_the_stash_holds():
     speculator = DFlashSpeculator_(model, per_layer=False)
     seen = []
     runner = SimpleNamespace(speculator=speculator, execute_model=lambda out, *a, **k: seen.append(model.cache.clone()))
-    plain_steps.bind_v2(runner, LuceConfig.from_sources({"luce": {"dflash": {"plain_context_stash": 64}}}, {}))
+    plain_steps_v2.bind_v2(runner, LuceConfig.from_sources({"luce": {"dflash": {"plain_context_stash": 64}}}, {}))
     features, positions, slots = torch.ones(4, 6), torch.arange(4), torch.arange(4) * 100
     runner.execute_model(scheduler_output(0))
     speculator.propose(features, positions, slots)

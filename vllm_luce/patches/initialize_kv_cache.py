@@ -1,14 +1,10 @@
-"""Patch: bind KVFlash to V1's model runner once its KV cache exists (see LEDGER).
-``binding_wrapper`` also serves Model Runner V2 (``gpu_v2_model_runner_kv_cache``)."""
+"""What the two initialize_kv_cache patches share (``initialize_kv_cache_v1.py`` on Model Runner V1,
+``initialize_kv_cache_v2.py`` on Model Runner V2): the wrapper that runs the worker-side feature installs once the
+runner's KV cache exists (see LEDGER). Not a patch of its own."""
 
 from __future__ import annotations
 
 import functools
-
-from vllm_luce.hook_ledger import ledger_signature
-from vllm_luce.patches import wrap_method
-
-TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache"
 
 
 def binding_wrapper(target: str):
@@ -37,10 +33,3 @@ def binding_wrapper(target: str):
         return initialize_kv_cache
 
     return make
-
-
-def apply() -> bool:
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    return wrap_method(GPUModelRunner, "initialize_kv_cache", ledger_signature(TARGET),
-                       binding_wrapper(TARGET))

@@ -20,7 +20,7 @@ such a step costs more than a step of vLLM without speculation, for two reasons 
   context inputs and writes them in one pass later (``bind_context_stash``, ``context_stash.py``): it recovers
   most of what a plain step costs beyond vLLM alone (docs/benchmarks.md, "DFlash: output tokens/s by concurrency").
 
-V1 (hybrid targets) already skips the drafter (``patches/dflash_proposer.py``); its plain steps still run
+V1 (hybrid targets) already skips the drafter (``patches/dflash_proposer_v1.py``); its plain steps still run
 piecewise graphs (vLLM's V1 captures one decode length).
 """
 

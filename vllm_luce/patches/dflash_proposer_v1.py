@@ -4,6 +4,7 @@ vLLM's own path for K = 0 runs the drafter's forward on one query per request an
 Only the context pass matters for later drafts: the step's target features through ``fc`` and
 ``hidden_norm`` into each drafter layer's K/V. A plain step here runs that pass alone, on every scheduled
 token's features, positions and drafter cache slots (what vLLM's path writes), and returns no drafts.
+Model Runner V2's plain steps: ``spec_decode/plain_steps_v2.py``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from vllm_luce.patches import gpu_model_runner_kv_cache as patch
+from vllm_luce.patches import initialize_kv_cache_v1
+from vllm_luce.patches.initialize_kv_cache import binding_wrapper
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def initialize(runner, config, *args, **kwargs):
 
 @pytest.mark.parametrize("how", ["keyword", "positional"])
 def test_binds_after_the_real_kv_cache_and_not_on_the_profiling_one(bound, how):
-    wrapped = patch.binding_wrapper(patch.TARGET)(initialize)
+    wrapped = binding_wrapper(initialize_kv_cache_v1.TARGET)(initialize)
     runner = SimpleNamespace(vllm_config=None)
     if how == "keyword":  # GPUModelRunner.profile_cudagraph_memory's call
         wrapped(runner, "minimal", is_profiling=True)
