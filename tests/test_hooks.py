@@ -38,6 +38,7 @@ OWN_OBJECTS = {
     ("vllm_luce.spec_decode.gate", "state"),  # the gate's per-request state
     ("vllm_luce.spec_decode.scheduler", "lookup"),  # GatedLookup
     ("vllm_luce.patches", "wrapper"),  # a patch's wrapper function
+    ("vllm_luce.vllm026.context_stash_v2", "step"),  # PlainStep
 }
 REGISTRY_CALLS = {"register", "register_model", "_ensure_registered"}
 NOT_VLLM = {"atexit"}  # registries that are not vLLM's (atexit.register)

@@ -188,7 +188,8 @@ BASE = {"version", "compat", "config", "log", "request_args", "overrides", "metr
 FEATURES = {"kvflash", "spec_decode", "pflash"}
 SEAMS = {"scorer_policy",  # KVFlash's scorer policy on PFlash's drafter (kvflash -> scorer_policy -> pflash)
          "schedulers"}  # the DFlash gate's scheduler classes, with KVFlash's mixin
-BINDINGS = {"patches", "model_executor", "vllm_luce", "cli", "dry_run"}  # vLLM's patches and entry points
+BINDINGS = {"patches", "model_executor", "vllm_luce", "cli", "dry_run",  # vLLM's patches and entry points
+            "vllm026"}  # the code vllm-luce runs for vLLM 0.26 alone, reached only through the hook table
 LAYERS = {**dict.fromkeys(BASE, 0), **dict.fromkeys(FEATURES, 1), **dict.fromkeys(SEAMS, 2),
           **dict.fromkeys(BINDINGS, 3)}
 

@@ -171,7 +171,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
         per_series={"0.26": "(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: np.ndarray) -> "
                             "tuple[torch.Tensor, SpecDecodeMetadata | None]",
                     "0.32": None, "0.33": None},
-        module="vllm_luce.patches.gpu_recurrent_state",
+        module="vllm_luce.vllm026.recurrent_state_v1",
         why="vLLM 0.26 bug: in a speculating engine on a hybrid target (Qwen3.5/3.6), a decode row without drafts "
             "reads its Gated DeltaNet state at slot 0 and conv offset 0, where a verify step that accepted drafts "
             "left it at slot a - 1. The DFlash gate's plain steps are such rows: on a GPU the trained Qwen3.6 "
@@ -181,7 +181,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "each row that decodes one token without "
             "drafts while its request verified drafts in the step before, moves every GDN layer's ssm slot a - 1 "
             "to slot 0 and its conv window at offset a - 1 to offset 0, with a the row's accepted count that "
-            "_prepare_inputs put on the GPU (spec_decode/recurrent_state.py).",
+            "_prepare_inputs put on the GPU (vllm026/recurrent_state.py).",
         remove_when="vllm-luce drops vLLM 0.26 (0.32 runs such rows through the verify path with zero drafts).",
         upstream_issue=UpstreamIssue(
             title="Hybrid spec decode: a decode step without drafts after a verify step reads the GDN/Mamba state "

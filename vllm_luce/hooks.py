@@ -108,6 +108,7 @@ def _patch(target: str, feature: str, stage: str, why: str, *also_checked: str) 
 
 L, P, X = "vllm_luce", "vllm_luce.patches", "vllm_luce.model_executor"
 KV, SD, PF = "vllm_luce.kvflash", "vllm_luce.spec_decode", "vllm_luce.pflash"
+V026 = "vllm_luce.vllm026"  # vLLM 0.26 only: every row that names it goes with 0.26 (vllm_luce/vllm026/__init__.py)
 SCHED_CONFIG, ENGINE_ARGS = "vllm.config.scheduler:SchedulerConfig", "vllm.engine.arg_utils:EngineArgs"
 SCHEDULER = "vllm.v1.core.sched.scheduler:Scheduler"
 V1_RUNNER = "vllm.v1.worker.gpu_model_runner:GPUModelRunner"
@@ -298,7 +299,7 @@ HOOKS: tuple[Hook, ...] = (
          "notes the batch, then vLLM's prepare_attn", KV_WORKER_HOOK),
     _row(INSTANCE_WRAP, f"{V2_RUNNER}.execute_model", f"{SD}.plain_steps_v2:bind_v2",
          "DFlash", "V2: note whether the step's scheduler output asked for drafts",
-         "notes the step (and writes the context stash before cache block copies), then vLLM's execute_model",
+         "notes the step (and runs what vLLM 0.26's context stash set to run first), then vLLM's execute_model",
          V2_PLAIN_STEPS),
     _row(INSTANCE_WRAP, f"{SPECULATOR}._generate_draft", f"{SD}.plain_steps_v2:bind_v2", "DFlash",
          "V2: no drafter forward on a plain step (eager)", "vLLM's, except on a plain step", V2_PLAIN_STEPS),
@@ -308,10 +309,11 @@ HOOKS: tuple[Hook, ...] = (
          "graph's context write) runs eagerly instead", V2_PLAIN_STEPS,
          checks=("vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.run_fullgraph",
                  f"{SPECULATOR}._prepare_graph_forward")),
-    _row(INSTANCE_WRAP, f"{DFLASH_MODEL}.combine_hidden_states", f"{SD}.plain_steps_v2:bind_context_stash", "DFlash",
+    _row(INSTANCE_WRAP, f"{DFLASH_MODEL}.combine_hidden_states", f"{V026}.context_stash_v2:bind_context_stash", "DFlash",
          "V2 on vLLM 0.26 (plain_context_stash, on by default there): a stashable plain step's features held "
          "instead of projected", "stages the features, or vLLM's projection", STASH_026),
-    _row(INSTANCE_WRAP, f"{DFLASH_MODEL}.precompute_and_store_context_kv", f"{SD}.plain_steps_v2:bind_context_stash",
+    _row(INSTANCE_WRAP, f"{DFLASH_MODEL}.precompute_and_store_context_kv",
+         f"{V026}.context_stash_v2:bind_context_stash",
          "DFlash", "V2 on vLLM 0.26 (plain_context_stash): held context written in one pass before any other "
          "context write", "commits or writes what the stash holds, then vLLM's write", STASH_026),
     # patches: one row per ledger entry, in the ledger's order (PATCHES above)
@@ -325,6 +327,9 @@ HOOKS: tuple[Hook, ...] = (
          "with the VllmConfig patch", BEFORE_CHECKS),
     _row(FEATURE, "vllm.config.vllm:VllmConfig.__post_init__", f"{SD}.install:install_gate", "DFlash",
          "the DFlash gate's scheduler class", "the same", "with the VllmConfig patch", AFTER_CHECKS),
+    _row(FEATURE, "vllm.config.vllm:VllmConfig.__post_init__", f"{V026}.context_stash_v2:check_setting", "DFlash",
+         "vLLM 0.26 (plain_context_stash): a number of tokens where the stash cannot apply stops startup", "the same",
+         STASH_026, AFTER_CHECKS),
     _row(FEATURE, "vllm.config.vllm:VllmConfig.__post_init__", f"{KV}.install:install_kvflash", "KVFlash",
          "validate the pool; scheduler class and step caps", "the same", "with the VllmConfig patch", AFTER_CHECKS),
     _row(FEATURE, "vllm.config.vllm:VllmConfig.__post_init__", f"{PF}.install:install_pflash", "PFlash",
@@ -337,6 +342,9 @@ HOOKS: tuple[Hook, ...] = (
          "the same for Model Runner V2", "the same", KV_WORKER_HOOK, KV_CACHE_V2),
     _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{SD}.plain_steps_v2:bind_v2", "DFlash",
          "plain steps write the drafter's context and skip its forward", "the same", V2_PLAIN_STEPS, KV_CACHE_V2),
+    _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{V026}.context_stash_v2:bind_v2", "DFlash",
+         "vLLM 0.26 (plain_context_stash, on by default there): plain steps hold the drafter's context inputs",
+         "the same, after the plain steps' binding", STASH_026, KV_CACHE_V2),
     _row(FEATURE, "GPUModelRunner.initialize_kv_cache (V1 and V2)", f"{PF}.worker:bind", "PFlash",
          "load the PFlash drafter on rank 0 (after the KV cache: a drafter that cannot load stops startup)",
          "the same, on either runner", "vLLM offers a worker-side hook after the KV cache is allocated",

@@ -62,10 +62,11 @@ def test_each_plugin_mode_sets_the_gate_and_only_unstashed_sets_the_stash():
 
 
 def test_a_split_engine_switches_its_variants_and_reports_each_as_an_engine():
-    from vllm_luce.spec_decode.context_stash import ContextStash
     from vllm_luce.spec_decode.plain_steps_v2 import PlainStep
+    from vllm_luce.vllm026.context_stash import ContextStash
 
-    step = PlainStep(ContextStash(1024))
+    step = PlainStep()
+    step.stash = ContextStash(1024)  # as vLLM 0.26's binding sets it
     step.plain = True
     calls = []
     speculator = SimpleNamespace(draft_tokens=[[7]], propose=lambda batch, *a, **k: calls.append(1) or "proposed")

@@ -1,6 +1,6 @@
 """vLLM 0.26's decode rows without drafts, emulated on vLLM 0.32's CPU backend (real Gated DeltaNet kernels and state
 layout): the trained Qwen3.6 pair under a gate that switches every few steps parts from plain decoding, and with
-``patches/gpu_recurrent_state.py``'s realigner it does not.
+``vllm026/recurrent_state_v1.py``'s realigner it does not.
 
 vLLM 0.32 counts a decode row without drafts as a speculative row with zero drafts, so its verify path reads the
 state where the last verify step left it. vLLM 0.26 marks such a row non-speculative (-1), and the plain path reads
@@ -20,7 +20,7 @@ _EMULATION: dict = {}
 def _emulate_vllm_026(worker, realign: bool) -> None:
     """In each worker: draft-less rows marked non-speculative as vLLM 0.26 marks them, then (``realign``) the
     realigner moves their state. Called again, it only switches the realigner."""
-    from vllm_luce.patches.gpu_recurrent_state import Realigner
+    from vllm_luce.vllm026.recurrent_state_v1 import Realigner
 
     runner = worker.model_runner
     _EMULATION["realigner"] = Realigner.of(runner) if realign else None

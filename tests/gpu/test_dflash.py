@@ -78,7 +78,8 @@ def test_gate_switches_on_the_always_wrong_pair_and_output_is_unchanged(pair, tm
 def test_a_plain_context_stash_keeps_output_and_acceptance_v2(pair, tmp_path):
     """``dflash.plain_context_stash`` on vLLM's V2 DFlash speculator, under a gate that switches every few steps:
     the stash runs on vLLM's own tensors (slot lists, dtypes, padded batches) with output and acceptance unchanged.
-    That the drafter then reads the cache writing every step gives is the CPU test's (test_plain_steps.py)."""
+    That the drafter then reads the cache writing every step gives is the CPU test's
+    (tests/vllm026/test_context_stash_v2.py)."""
     out = predictable_run(pair, tmp_path, "right", "v2", gate=True, tokens=200, switching=True, plain_context_stash=64)
     assert out["tokens"] == expected(4, 200)
     stats, steps = out["stats"], gate_steps(out)
@@ -122,7 +123,7 @@ def test_trained_hybrid_pair_gated_equals_no_speculation(trained_hybrid, tmp_pat
     # A verify step runs the target on 1 + K tokens a request where a plain step runs one: in bf16 the two round
     # apart, so greedy tokens may part where the two best are tied, and nowhere else. A part at a wide top-2 gap is
     # a bug, such as vLLM 0.26 reading the Gated DeltaNet state of the wrong token on the gate's plain steps (what
-    # patches/gpu_recurrent_state.py fixes).
+    # vllm026/recurrent_state_v1.py fixes).
     parted = parts(gated, plain)
     keep_report(f"dflash_trained_pair_{'gguf' if gguf else 'safetensors'}_tp{TP}", {"parts": parted})
     assert all(p["tie"] for p in parted), parted

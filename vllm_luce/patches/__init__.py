@@ -2,7 +2,8 @@
 
 Registries come first (models: ModelRegistry, KV specs); every hook, patch or not, is a row of
 ``vllm_luce/hooks.py``, whose patch rows ``apply_patches`` iterates. A patch is used only where vLLM
-has no hook. Each patch lives in its own module named after its target, checks the target's
+has no hook. Each patch lives in its own module named after its target (here; a patch that serves vLLM 0.26
+alone, in vllm_luce/vllm026/), ends in _v1 or _v2 where it patches one model runner, checks the target's
 signature before touching it (a mismatch stops startup), is idempotent, and has an entry in the
 ledger (``vllm_luce/hook_ledger.py``) saying why it exists, how it works and when it can be removed.
 """

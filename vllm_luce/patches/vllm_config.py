@@ -22,8 +22,12 @@ def _make_wrapper(original):
         for hook in hooks.features(hooks.BEFORE_CHECKS):
             hook.function()(self, luce)
         original(self)
-        # the feature installs of vllm_luce/hooks.py in table order: the DFlash gate, KVFlash, PFlash
-        done = {hook.feature: hook.function()(self, luce) for hook in hooks.features(hooks.AFTER_CHECKS)}
+        # the feature installs of vllm_luce/hooks.py in table order: the DFlash gate, KVFlash, PFlash; a feature's
+        # first row says what it installed (a later row of the feature only checks)
+        done: dict = {}
+        for hook in hooks.features(hooks.AFTER_CHECKS):
+            installed = hook.function()(self, luce)
+            done.setdefault(hook.feature, installed)
         gated, kvflash, pflash = done["DFlash"], done["KVFlash"], done["PFlash"]
         if pflash or gated or (kvflash and not kvflash.startswith("SFI")):
             from vllm_luce.patches import apply_engine_client_patches

@@ -21,7 +21,7 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
     dflash = luce.dflash
     if not (dflash.on_when_used() and dflash.gate):
         return None
-    from vllm_luce.spec_decode.plain_steps_v2 import context_stash_tokens, graph_table, set_graph_table
+    from vllm_luce.spec_decode.plain_steps_v2 import graph_table, set_graph_table
 
     table = getattr(spec, "num_speculative_tokens_per_batch_size", None)
     if table and table != graph_table(spec.num_speculative_tokens, vllm_config.scheduler_config.max_num_seqs):
@@ -44,5 +44,4 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
         overrides.warn(overrides.GATE_SCHEDULER, current, installed)
     hooks.bind(SCHEDULER_CLS, sched, installed)
     set_graph_table(vllm_config)  # Model Runner V2 on CUDA: one-token decode graphs for plain steps
-    context_stash_tokens(dflash.plain_context_stash, vllm_config)  # refuses a number where the stash cannot apply
     return sched.scheduler_cls

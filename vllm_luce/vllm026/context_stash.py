@@ -1,4 +1,5 @@
-"""The drafter's context inputs of plain steps, held on the device and written in one pass later (no vLLM import).
+"""vLLM 0.26: the drafter's context inputs of plain steps, held on the device and written in one pass later (no vLLM
+import; bound to Model Runner V2 by ``context_stash_v2.py``).
 
 On a plain step DFlash writes the drafter's context K/V for the step's tokens from the target's features, so
 that the drafter's cache is complete when speculation resumes: on Model Runner V2 that is the fc projection of the

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vllm_luce.hook_ledger import ledger_signature
-from vllm_luce.patches.gpu_recurrent_state import TARGET, Realigner, _make_wrapper
+from vllm_luce.vllm026.recurrent_state_v1 import TARGET, Realigner, _make_wrapper
 
 K, WIDTH = 3, 4
 

@@ -1,5 +1,5 @@
-"""Patch (vLLM 0.26): a decode row without drafts that follows a verify step reads its Gated DeltaNet state where
-that step left it (see LEDGER and ``spec_decode/recurrent_state.py``).
+"""Patch (vLLM 0.26, Model Runner V1): a decode row without drafts that follows a verify step reads its Gated DeltaNet
+state where that step left it (see LEDGER and ``recurrent_state.py``). The ledger applies it on vLLM 0.26 only.
 
 vLLM 0.26's V1 runner sends a row without drafts through the plain decode path, which reads the recurrent state at
 slot 0 and offset 0; after a verify step that accepted drafts the state is at slot a - 1. The DFlash gate's plain
@@ -18,7 +18,7 @@ import torch
 from vllm_luce.log import logger, tag
 from vllm_luce.hook_ledger import ledger_signature
 from vllm_luce.patches import wrap_method
-from vllm_luce.spec_decode.recurrent_state import realign, rows_to_realign
+from vllm_luce.vllm026.recurrent_state import realign, rows_to_realign
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs"
 

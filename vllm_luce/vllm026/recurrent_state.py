@@ -6,7 +6,8 @@ step of q tokens writes the state after its i-th token to slot i and appends its
 slot 0; the next verify step resumes from slot a - 1 and reads the conv window at offset a - 1, where a is the
 number of tokens the step kept (its accepted drafts and the token sampled after them). A decode step without drafts
 reads slot 0 and the window at offset 0: the right state only when a == 1. vLLM 0.32 sends such rows through the
-verify path with zero drafts; vLLM 0.26 does not (``patches/gpu_recurrent_state.py`` moves the state instead).
+verify path with zero drafts; vLLM 0.26 does not (``recurrent_state_v1.py``, its patch of V1's runner, moves the
+state instead).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """A decode without drafts after a verify step reads the recurrent state of the verify step's last accepted token
-(spec_decode/recurrent_state.py), checked against the committed token stream itself."""
+(vllm026/recurrent_state.py), checked against the committed token stream itself."""
 
 import pytest
 import torch
 
-from vllm_luce.spec_decode.recurrent_state import realign, rows_to_realign
+from vllm_luce.vllm026.recurrent_state import realign, rows_to_realign
 
 WIDTH, K, DIM = 4, 5, 3  # conv kernel width, drafts per verify step, conv channels
 

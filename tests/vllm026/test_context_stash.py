@@ -1,10 +1,10 @@
-"""The plain steps' context stash (``vllm_luce/spec_decode/context_stash.py``): what is kept, in which order, and
+"""The plain steps' context stash (``vllm_luce/vllm026/context_stash.py``): what is kept, in which order, and
 what it refuses."""
 
 import pytest
 import torch
 
-from vllm_luce.spec_decode.context_stash import ContextStash
+from vllm_luce.vllm026.context_stash import ContextStash
 
 
 def step(rows, tokens, base):
