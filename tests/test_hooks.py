@@ -398,8 +398,8 @@ def render_hooks() -> str:
     def cell(text: str) -> str:
         return text.replace("|", "/")
 
-    lines = [HOOKS_BEGIN, "", "| # | vLLM target | kind | feature | owner in vllm-luce | why |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [HOOKS_BEGIN, "", "| # | vLLM target | kind | runner | feature | owner in vllm-luce | why |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
     for i, h in enumerate(hooks.HOOKS, 1):
         why = h.why
         if h.kind == hooks.PATCH:
@@ -407,9 +407,17 @@ def render_hooks() -> str:
         elif h.stage:
             why += f" (runs {h.stage})"
         owners = ", ".join(f"`{short(o)}`" for o in h.owners)
-        lines.append(f"| {i} | `{h.target}` | {h.kind} | {h.feature} | {owners} | {cell(why)} |")
+        lines.append(f"| {i} | `{h.target}` | {h.kind} | {h.runner or '-'} | {h.feature} | {owners} | {cell(why)} |")
     counts = ", ".join(f"{sum(h.kind == k for h in hooks.HOOKS)} {k}" for k in hooks.KINDS)
-    lines += ["", f"{len(hooks.HOOKS)} rows: {counts}.", "", "### How, when to remove, what is checked", "",
+    runners = ", ".join(f"{sum(h.runner == r for h in hooks.HOOKS)} {r}" for r in (hooks.V1, hooks.V2, hooks.V1_V2))
+    lines += ["", f"{len(hooks.HOOKS)} rows: {counts}.", "",
+              f"Runner: the vLLM model runner whose objects the row binds ({runners}): V1 is "
+              "`vllm/v1/worker/gpu_model_runner.py` and the CPU runner built on it, V2 is Model Runner V2 "
+              "(`vllm/v1/worker/gpu/`); - for a touch outside the runners. A row of one runner has its code in a module "
+              "named `*_v1.py` or `*_v2.py`, and what both runners' bindings share is in the module of the same name "
+              "without it (tests/test_layout.py). The rows whose removal condition names vLLM 0.26 have their code in "
+              "`vllm_luce/vllm026/`, and deleting that package with them is how vLLM 0.26 support goes.", "",
+              "### How, when to remove, what is checked", "",
               f"Checked: each name in the snapshot of vLLM {', '.join(SUPPORTED_SERIES)}; a series named in brackets "
               "has its own signature there, lacks the name, or is left alone by the patch.", "",
               "| # | how | remove when | checked |", "| --- | --- | --- | --- |"]

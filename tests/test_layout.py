@@ -12,9 +12,14 @@
 * No module of ``vllm_luce`` imports itself back through others (function-level imports included), nor does any of
   its packages, and the packages stand in layers (``LAYERS``): the features side by side on the base, the seams
   where two features meet, the vLLM bindings on top.
+* V1 and V2 apart: a module that binds one of vLLM's two model runners alone ends in ``_v1`` or ``_v2``, as the
+  hook table's column ``runner`` says of its rows, and imports nothing of the other runner's.
+* vLLM 0.26 in one place: no module outside ``vllm_luce/vllm026/`` branches on the vLLM series or names 0.26 in code,
+  and none imports that package; only the hook rows and the ledger entry whose removal condition names 0.26 reach it.
 """
 
 import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -247,3 +252,186 @@ def test_the_version_is_pyprojects():
     from vllm_luce.version import __version__
 
     assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"] == __version__
+
+
+# ------------------------------------------------------------------ V1, V2 and vLLM 0.26
+# vLLM has two model runners: V1 (vllm/v1/worker/gpu_model_runner.py, and the CPU runner built on it) and Model
+# Runner V2 (vllm/v1/worker/gpu/). A vllm-luce module that binds one of them alone ends in _v1 or _v2, and what both
+# share is the module of the same name without it (kvflash/worker.py beside worker_v1.py and worker_v2.py); the hook
+# table's column ``runner`` says which runner each row binds. The code vllm-luce runs for vLLM 0.26 alone is the
+# package vllm_luce/vllm026/, reached only through the hook rows and the ledger entry whose removal condition names
+# 0.26, so that dropping 0.26 is deleting the package and those rows.
+
+OLD_SERIES, OLD_PACKAGE = "0.26", "vllm_luce.vllm026"
+SERIES_MODULE = "vllm_luce.compat"  # the supported series themselves
+TABLE_MODULES = {"vllm_luce.hooks", "vllm_luce.hook_ledger"}  # the rows that reach OLD_PACKAGE, by name
+VERSION_FUNCTIONS = {"installed_series", "series", "signature_series", "parse_version"}  # compat.py's
+
+
+def module_trees(root: Path = ROOT, package: str = "vllm_luce") -> dict[str, ast.Module]:
+    return {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): ast.parse(p.read_text())
+            for p in sorted((root / package).rglob("*.py"))}
+
+
+def _reads_the_version(node: ast.AST) -> bool:
+    """Whether an expression calls one of compat.py's version functions or reads a ``__version__``."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.Call):
+            name = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)
+            if name in VERSION_FUNCTIONS:
+                return True
+        if isinstance(n, ast.Attribute) and n.attr == "__version__":
+            return True
+    return False
+
+
+def series_branches(trees: dict[str, ast.Module]) -> list[str]:
+    """Outside OLD_PACKAGE (and compat.py, which lists the series): a "0.26" in code other than a per-series record's
+    key, a comparison or lookup by the vLLM version or series, the package's dotted name outside the hook table, or an
+    import of it."""
+    found = []
+    for module, tree in trees.items():
+        if module == OLD_PACKAGE or module.startswith(OLD_PACKAGE + ".") or module == SERIES_MODULE:
+            continue
+        keys = {id(k) for n in ast.walk(tree) if isinstance(n, ast.Dict) for k in n.keys if k is not None}
+        for node in ast.walk(tree):
+            where = f"{module} line {getattr(node, 'lineno', '?')}"
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if re.fullmatch(re.escape(OLD_SERIES) + r"(\.\d+)*", node.value) and id(node) not in keys:
+                    found.append(f"{where}: {node.value!r} (vLLM {OLD_SERIES}'s code goes in {OLD_PACKAGE})")
+                elif OLD_PACKAGE in node.value and module not in TABLE_MODULES:
+                    found.append(f"{where}: names {OLD_PACKAGE} (only the hook table's rows reach it)")
+            elif isinstance(node, ast.Compare) and any(_reads_the_version(n) for n in (node.left, *node.comparators)):
+                found.append(f"{where}: compares the vLLM version or series")
+            elif isinstance(node, ast.Subscript) and _reads_the_version(node.slice):
+                found.append(f"{where}: looks up by the vLLM version or series")
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+                if any(n == OLD_PACKAGE or n.startswith(OLD_PACKAGE + ".") for n in names):
+                    found.append(f"{where}: imports {OLD_PACKAGE} (only the hook table's rows reach it)")
+    return found
+
+
+def test_no_module_outside_vllm026_branches_on_vllm_026_or_imports_it():
+    assert series_branches(module_trees()) == []
+
+
+def off_the_package(rows, ledger, supported: tuple[str, ...]) -> list[str]:
+    """A hook row or ledger entry whose removal condition names vLLM 0.26 with code outside OLD_PACKAGE, code in it
+    whose row goes on after 0.26, and a ledger entry applied on 0.26 alone outside it."""
+    def inside(path: str) -> bool:
+        return path.split(":")[0] == OLD_PACKAGE or path.startswith(OLD_PACKAGE + ".")
+
+    found = []
+    for row in rows:
+        names_old = f"vLLM {OLD_SERIES}" in row.remove_when
+        for owner in row.owners:
+            if names_old != inside(owner):
+                found.append(f"{row.target} ({owner}): " + (f"goes with vLLM {OLD_SERIES}, its code in {OLD_PACKAGE}"
+                                                            if names_old else f"stays after vLLM {OLD_SERIES}, its "
+                                                            f"code outside {OLD_PACKAGE}"))
+    for entry in ledger:
+        only_old = [s for s in supported if entry.signature_in(s) is not None] == [OLD_SERIES]
+        if (f"vLLM {OLD_SERIES}" in entry.remove_when or only_old) != inside(entry.module):
+            found.append(f"{entry.target} ({entry.module}): a patch for vLLM {OLD_SERIES} alone lives in "
+                         f"{OLD_PACKAGE}, and only such a patch")
+    return found
+
+
+def test_every_row_that_goes_with_vllm_026_has_its_code_in_vllm026():
+    from vllm_luce import hooks
+    from vllm_luce.compat import SUPPORTED_SERIES
+    from vllm_luce.hook_ledger import LEDGER
+
+    assert off_the_package(hooks.HOOKS, LEDGER, SUPPORTED_SERIES) == []
+    owned = {o.split(":")[0] for h in hooks.HOOKS for o in h.owners}
+    graph = module_imports(ROOT, "vllm_luce")
+    package = {m for m in graph if m.startswith(OLD_PACKAGE + ".")}
+    reached = {m for m in package if m in owned or any(m in graph[o] for o in package & owned)}
+    assert package and reached == package, f"modules of {OLD_PACKAGE} no row reaches: {sorted(package - reached)}"
+
+
+def runner_of_module(module: str) -> str | None:
+    stem = module.rsplit(".", 1)[-1]
+    return next((r for r in ("V1", "V2") if stem.endswith("_" + r.lower())), None)
+
+
+def runner_breaches(rows, graph: dict[str, set[str]], runner_of_target) -> list[str]:
+    """A row of one runner whose code is not in a module of that runner's name, a row of neither (or of both) with
+    code in such a module only, a runner the row's vLLM target contradicts, a why that says the runner itself (the
+    column does), a module of one runner's name that owns no row of it or imports the other runner's."""
+    from vllm_luce import hooks
+
+    found, owns = [], {}
+    for row in rows:
+        if row.runner not in ("", hooks.V1, hooks.V2, hooks.V1_V2):
+            found.append(f"{row.target}: runner {row.runner!r}")
+        implied = runner_of_target(row.target)
+        if implied and row.runner != implied:
+            found.append(f"{row.target}: a {implied} target in a row of runner {row.runner or 'none'}")
+        if re.match(r"(Model Runner )?V[12]\b", row.why):
+            found.append(f"{row.target}: the why names the runner ({row.why[:20]}...); the column says it")
+        modules = [o.split(":")[0] for o in row.owners]
+        for module in modules:
+            owns.setdefault(module, set()).add(row.runner)
+        named = {runner_of_module(m) for m in modules}
+        if row.runner in (hooks.V1, hooks.V2) and named != {row.runner}:
+            found.append(f"{row.target}: a {row.runner} row with code in {', '.join(modules)} (name it *_"
+                         f"{row.runner.lower()}.py)")
+        elif row.runner not in (hooks.V1, hooks.V2) and None not in named and len(named) == 1:
+            found.append(f"{row.target}: a row of runner {row.runner or 'none'} with code in {', '.join(modules)} only")
+    for module, targets in sorted(graph.items()):
+        runner = runner_of_module(module)
+        if runner is None:
+            continue
+        if runner not in owns.get(module, set()) and not any(runner_of_module(m) == runner and module in graph[m]
+                                                                for m in owns):
+            found.append(f"{module}: named for {runner}, owns no {runner} row and serves no module that does")
+        crossed = sorted(t for t in targets if runner_of_module(t) not in (None, runner))
+        if crossed:
+            found.append(f"{module}: a {runner} module imports {', '.join(crossed)}")
+    return found
+
+
+def test_a_binding_of_one_runner_says_so_in_its_name_and_its_row():
+    from vllm_luce import hooks
+
+    assert runner_breaches(hooks.HOOKS, module_imports(ROOT, "vllm_luce"), hooks.runner_of) == []
+    assert {h.runner for h in hooks.HOOKS} == {"", hooks.V1, hooks.V2, hooks.V1_V2}
+
+
+def test_the_runner_and_series_rules_catch_what_they_forbid(tmp_path):
+    from vllm_luce import hooks
+    from vllm_luce.hook_ledger import LedgerEntry
+
+    (tmp_path / "vllm_luce" / "vllm026").mkdir(parents=True)
+    for name, text in {"__init__.py": "", "vllm026/__init__.py": "", "vllm026/stash.py": "X = '0.26'\n",
+                       "a.py": "from vllm_luce.compat import installed_series\nif installed_series() == '0.26':\n"
+                               "    pass\nR = {'0.26': None}\n",
+                       "b.py": "from vllm_luce.vllm026 import stash\n",
+                       "c.py": "import importlib\nM = importlib.import_module('vllm_luce.vllm026.stash')\n",
+                       "d.py": "import vllm\nT = {(0, 32): 1}[vllm.__version__]\n"}.items():
+        (tmp_path / "vllm_luce" / name).write_text(text)
+    found = series_branches(module_trees(tmp_path))
+    assert [f.split(":")[0] for f in found] == ["vllm_luce.a line 2", "vllm_luce.a line 2", "vllm_luce.b line 1",
+                                                "vllm_luce.c line 2", "vllm_luce.d line 2"], found
+
+    def row(target, owners, remove_when, runner=None, why="w"):
+        return hooks._row(hooks.INSTANCE_WRAP, target, owners, "f", why, "h", remove_when, runner=runner)
+
+    old, later = "vllm-luce drops vLLM 0.26", "vLLM offers a hook"
+    entry = LedgerEntry("vllm.x:Y.z", "(self)", "vllm_luce.patches.y", "w", "h", later,
+                        per_series={"0.32": None, "0.33": None})
+    assert len(off_the_package([row("vllm.x:A.b", "vllm_luce.spec_decode.stash:bind", old),
+                                row("vllm.x:A.c", "vllm_luce.vllm026.stash:bind", later),
+                                row("vllm.x:A.d", "vllm_luce.vllm026.stash:bind", old)],
+                               [entry], ("0.26", "0.32", "0.33"))) == 3
+    graph = {"vllm_luce.kvflash.worker_v1": {"vllm_luce.kvflash.worker_v2"}, "vllm_luce.kvflash.worker_v2": set(),
+             "vllm_luce.kvflash.worker": set(), "vllm_luce.patches.lone_v2": set()}
+    found = runner_breaches([row("vllm.v1.worker.gpu.x:A.b", "vllm_luce.kvflash.worker:bind", later),
+                             row("vllm.v1.worker.gpu.x:A.c", "vllm_luce.kvflash.worker_v1:bind", later, runner="V1"),
+                             row("vllm.x:A.d", "vllm_luce.kvflash.worker_v2:bind", later),
+                             row("vllm.x:A.e", "vllm_luce.kvflash.worker:bind", later, why="V2: the same")],
+                            graph, hooks.runner_of)
+    # A.b's code, A.c's target, A.d's code, A.e's why, worker_v1's import, worker_v2 and lone_v2 owning no V2 row
+    assert len(found) == 7, found

@@ -61,6 +61,13 @@ KV_CACHE_V1 = "after V1's GPUModelRunner.initialize_kv_cache"
 KV_CACHE_V2 = "after Model Runner V2's initialize_kv_cache"
 KV_CACHE_BOTH = "after either runner's initialize_kv_cache"
 AT_REGISTER = "at register(), in every process"
+# The model runner whose objects a row binds (its column in docs/vllm_touches.md): V1 is
+# vllm/v1/worker/gpu_model_runner.py and the CPU runner built on it, V2 Model Runner V2 (vllm/v1/worker/gpu/); "" for
+# a touch outside the runners (config, scheduler, engine client, model classes, CPU ops). A row of one runner has its
+# code in a module named *_v1.py or *_v2.py (tests/test_layout.py).
+V1, V2, V1_V2 = "V1", "V2", "V1 and V2"
+V1_MODULES = ("vllm.v1.worker.gpu_model_runner.", "vllm.v1.worker.block_table.", "vllm.v1.spec_decode.")
+V2_MODULES = ("vllm.v1.worker.gpu.",)
 
 
 class HookNotInTable(RuntimeError):
@@ -79,6 +86,7 @@ class Hook:
     checks: tuple[str, ...]  # vLLM names ("module:qualname") checked against every supported release's snapshot
     stage: str = ""
     ledger: LedgerEntry | None = None
+    runner: str = ""  # V1, V2, V1_V2 or "" (above)
 
     def function(self) -> Callable:
         """The owner ("module:qualname") of a one-owner row, imported."""
@@ -95,15 +103,25 @@ def resolve(path: str) -> Any:
     return obj
 
 
+def runner_of(target: str) -> str:
+    """The runner a vLLM target belongs to by its module (V1 or V2), else "" (a row that says nothing else serves
+    no runner)."""
+    module = target.split(":")[0] + "."
+    return V1 if module.startswith(V1_MODULES) else V2 if module.startswith(V2_MODULES) else ""
+
+
 def _row(kind: str, target: str, owners, feature: str, why: str, how: str, remove_when: str, stage: str = "",
-         checks: tuple[str, ...] | None = None) -> Hook:
+         checks: tuple[str, ...] | None = None, runner: str | None = None) -> Hook:
+    """A row; ``runner`` where the target's module does not say it (``runner_of``)."""
     owners = (owners,) if isinstance(owners, str) else tuple(owners)
-    return Hook(kind, target, owners, feature, why, how, remove_when, (target,) if checks is None else checks, stage)
+    return Hook(kind, target, owners, feature, why, how, remove_when, (target,) if checks is None else checks, stage,
+                runner=runner_of(target) if runner is None else runner)
 
 
 def _patch(target: str, feature: str, stage: str, why: str, *also_checked: str) -> Hook:
     e = next(e for e in LEDGER if e.target == target)
-    return Hook(PATCH, target, (e.module,), feature, why, e.how, e.remove_when, (target, *also_checked), stage, e)
+    return Hook(PATCH, target, (e.module,), feature, why, e.how, e.remove_when, (target, *also_checked), stage, e,
+                runner_of(target))
 
 
 L, P, X = "vllm_luce", "vllm_luce.patches", "vllm_luce.model_executor"
@@ -151,20 +169,20 @@ PATCHES: dict[str, tuple[str, ...]] = {
     "vllm._custom_ops:fused_sigmoid_gating_delta_rule_update_cpu": (
         "DFlash", ON_IMPORT, "CPU (vLLM bug): unit-stride inputs for the GDN decode of a step without spec rows"),
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids": (
-        "DFlash", ON_IMPORT, "V1: cut each request's drafts to its verify width"),
+        "DFlash", ON_IMPORT, "cut each request's drafts to its verify width"),
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs": (
-        "DFlash", ON_IMPORT, "V1 on vLLM 0.26 (vLLM bug): a hybrid target's state for a decode without drafts"),
+        "DFlash", ON_IMPORT, "vLLM 0.26 (vLLM bug): a hybrid target's state for a decode without drafts"),
     "vllm.v1.spec_decode.dflash:DFlashProposer.propose": (
-        "DFlash", ON_IMPORT, "V1: on the gate's plain steps run only the drafter's context pass"),
+        "DFlash", ON_IMPORT, "on the gate's plain steps run only the drafter's context pass"),
     "vllm._custom_ops:rms_norm": (
         "DFlash", ON_IMPORT, "CPU (vLLM bug): DFlash drafters' grouped (per-layer) norm weights"),
     "vllm.utils.cpu_triton_utils:_expand_kernel_impl": (
         "DFlash", ON_IMPORT,
         "CPU (vLLM bug): per-request sampling values in the rejection sampler (vLLM's were unwritten)"),
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner.initialize_kv_cache": (
-        "KVFlash; PFlash", ON_IMPORT, "V1: run the worker-side feature installs once the KV cache exists"),
+        "KVFlash; PFlash", ON_IMPORT, "run the worker-side feature installs once the KV cache exists"),
     "vllm.v1.worker.gpu.model_runner:GPUModelRunner.initialize_kv_cache": (
-        "KVFlash; PFlash", ON_IMPORT, "Model Runner V2: the same"),
+        "KVFlash; PFlash", ON_IMPORT, "the same"),
     "vllm.v1.core.sched.scheduler:Scheduler._mamba_block_aligned_split": (
         "KVFlash", SCHEDULER_START, "a pooled prompt's last token in a step of its own",
         "vllm.v1.core.sched.async_scheduler:AsyncScheduler._mamba_block_aligned_split"),
@@ -237,9 +255,9 @@ HOOKS: tuple[Hook, ...] = (
          "the request's own dict with luce_pflash_skip added, in the to_sampling_params patch", "with that patch"),
     _row(SETTING, "vllm.config.speculative:SpeculativeConfig.num_speculative_tokens_per_batch_size",
          f"{SD}.plain_steps_v2:set_graph_table", "DFlash",
-         "V2 on CUDA: draft lengths K and 0, so vLLM captures one-token decode graphs for the gate's plain steps",
+         "on CUDA: draft lengths K and 0, so vLLM captures one-token decode graphs for the gate's plain steps",
          "set at install where no table was (a user's table is refused)",
-         "vLLM captures K = 0 graphs for dynamic speculation itself"),
+         "vLLM captures K = 0 graphs for dynamic speculation itself", runner=V2),
     # attribute rebindings (instance attributes of one scheduler, request or group, unless said otherwise)
     _row(REBINDING, "vllm.model_executor.models:<upstream model class>.__name__",
          f"{X}.executor:LuceExecutor.__init_subclass__", "executors",
@@ -266,7 +284,7 @@ HOOKS: tuple[Hook, ...] = (
          "each builder of the pooled group behind a proxy whose build, build_for_cudagraph_capture and "
          "build_for_drafting see seq_lens = resident tokens", KV_WORKER_HOOK,
          checks=("vllm.v1.worker.utils:AttentionGroup.metadata_builders", f"{BUILDER}.build",
-                 f"{BUILDER}.build_for_cudagraph_capture", f"{BUILDER}.build_for_drafting")),
+                 f"{BUILDER}.build_for_cudagraph_capture", f"{BUILDER}.build_for_drafting"), runner=V1_V2),
     _row(REBINDING, "argparse:Action.type (vLLM's --additional-config)", f"{P}.engine_args:_make_add_cli_args",
          "config", "--additional-config parsed strictly as a JSON object",
          "the action's type, in the add_cli_args patch", "vLLM parses --additional-config as a JSON object strictly",
@@ -276,46 +294,47 @@ HOOKS: tuple[Hook, ...] = (
          f"{X}.executor:pool_full_attention", "KVFlash",
          "the full-attention layers that own their KV declare a KVFlashSpec",
          "vLLM's spec of the layer, as a KVFlashSpec with the pool", "vLLM lets a model choose a layer's spec type"),
-    _row(INSTANCE_WRAP, "vllm.v1.worker.block_table:BlockTable.compute_slot_mapping", f"{KV}.worker_v1:_bind_slot_mapping",
-         "KVFlash", "V1: the pooled group's slots come from the pagers instead of row[pos // block]",
+    _row(INSTANCE_WRAP, "vllm.v1.worker.block_table:BlockTable.compute_slot_mapping",
+         f"{KV}.worker_v1:_bind_slot_mapping", "KVFlash",
+         "the pooled group's slots come from the pagers instead of row[pos // block]",
          "the pooled group's block table only; the other groups keep vLLM's", KV_WORKER_HOOK),
     _row(INSTANCE_WRAP, "vllm.v1.attention.backend:AttentionImpl.forward", f"{KV}.worker:capture_queries", "KVFlash",
          "the pooled layers' queries, observed for the QK policy",
-         "notes each request's last query, then vLLM's forward", KV_WORKER_HOOK),
+         "notes each request's last query, then vLLM's forward", KV_WORKER_HOOK, runner=V1_V2),
     _row(INSTANCE_WRAP, f"{V1_RUNNER}._update_states", f"{KV}.worker_v1:_bind_release",
-         "KVFlash", "V1: finished and preempted requests release their pagers",
+         "KVFlash", "finished and preempted requests release their pagers",
          "vLLM's _update_states, then the releases", KV_WORKER_HOOK),
     _row(INSTANCE_WRAP, f"{V2_TABLES}.append_block_ids", f"{KV}.worker_v2:bind_v2",
-         "KVFlash", "V2: the pooled group's block rows mirrored on the host for the pagers",
+         "KVFlash", "the pooled group's block rows mirrored on the host for the pagers",
          "vLLM's, then the pooled rows copied to the mirror", KV_WORKER_HOOK),
     _row(INSTANCE_WRAP, f"{V2_TABLES}.compute_slot_mappings", f"{KV}.worker_v2:bind_v2",
-         "KVFlash", "V2: the pooled group's row of slots from the pagers",
+         "KVFlash", "the pooled group's row of slots from the pagers",
          "vLLM's for the other groups, the pagers' for the pooled one", KV_WORKER_HOOK),
     _row(INSTANCE_WRAP, f"{V2_RUNNER}.finish_requests", f"{KV}.worker_v2:bind_v2",
-         "KVFlash", "V2: finished and preempted requests release their pagers",
+         "KVFlash", "finished and preempted requests release their pagers",
          "the releases, around vLLM's finish_requests", KV_WORKER_HOOK),
     _row(INSTANCE_WRAP, f"{V2_RUNNER}.prepare_attn", f"{KV}.worker_v2:bind_v2",
-         "KVFlash", "V2: the step's InputBatch noted, whose host mirrors the pooled slot mapping reads",
+         "KVFlash", "the step's InputBatch noted, whose host mirrors the pooled slot mapping reads",
          "notes the batch, then vLLM's prepare_attn", KV_WORKER_HOOK),
     _row(INSTANCE_WRAP, f"{V2_RUNNER}.execute_model", f"{SD}.plain_steps_v2:bind_v2",
-         "DFlash", "V2: note whether the step's scheduler output asked for drafts",
+         "DFlash", "note whether the step's scheduler output asked for drafts",
          "notes the step (and runs what vLLM 0.26's context stash set to run first), then vLLM's execute_model",
          V2_PLAIN_STEPS),
     _row(INSTANCE_WRAP, f"{SPECULATOR}._generate_draft", f"{SD}.plain_steps_v2:bind_v2", "DFlash",
-         "V2: no drafter forward on a plain step (eager)", "vLLM's, except on a plain step", V2_PLAIN_STEPS),
+         "no drafter forward on a plain step (eager)", "vLLM's, except on a plain step", V2_PLAIN_STEPS),
     _row(INSTANCE_WRAP, "vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.run_fullgraph", f"{SD}.plain_steps_v2:bind_v2",
-         "DFlash", "V2: no drafter forward on a plain step (graph replay; the drafter's graph manager only)",
+         "DFlash", "no drafter forward on a plain step (graph replay; the drafter's graph manager only)",
          "vLLM's replay, except on a plain step, where from vLLM 0.32 the speculator's _prepare_graph_forward (the "
          "graph's context write) runs eagerly instead", V2_PLAIN_STEPS,
          checks=("vllm.v1.worker.gpu.cudagraph_utils:CudaGraphManager.run_fullgraph",
                  f"{SPECULATOR}._prepare_graph_forward")),
-    _row(INSTANCE_WRAP, f"{DFLASH_MODEL}.combine_hidden_states", f"{V026}.context_stash_v2:bind_context_stash", "DFlash",
-         "V2 on vLLM 0.26 (plain_context_stash, on by default there): a stashable plain step's features held "
-         "instead of projected", "stages the features, or vLLM's projection", STASH_026),
+    _row(INSTANCE_WRAP, f"{DFLASH_MODEL}.combine_hidden_states", f"{V026}.context_stash_v2:bind_context_stash",
+         "DFlash", "vLLM 0.26 (plain_context_stash, on by default there): a stashable plain step's features held "
+         "instead of projected", "stages the features, or vLLM's projection", STASH_026, runner=V2),
     _row(INSTANCE_WRAP, f"{DFLASH_MODEL}.precompute_and_store_context_kv",
          f"{V026}.context_stash_v2:bind_context_stash",
-         "DFlash", "V2 on vLLM 0.26 (plain_context_stash): held context written in one pass before any other "
-         "context write", "commits or writes what the stash holds, then vLLM's write", STASH_026),
+         "DFlash", "vLLM 0.26 (plain_context_stash): held context written in one pass before any other "
+         "context write", "commits or writes what the stash holds, then vLLM's write", STASH_026, runner=V2),
     # patches: one row per ledger entry, in the ledger's order (PATCHES above)
 ) + tuple(_patch(e.target, *PATCHES[e.target]) for e in LEDGER) + tuple(
     # subclass overrides (hook_overrides.py)
@@ -329,17 +348,17 @@ HOOKS: tuple[Hook, ...] = (
          "the DFlash gate's scheduler class", "the same", "with the VllmConfig patch", AFTER_CHECKS),
     _row(FEATURE, "vllm.config.vllm:VllmConfig.__post_init__", f"{V026}.context_stash_v2:check_setting", "DFlash",
          "vLLM 0.26 (plain_context_stash): a number of tokens where the stash cannot apply stops startup", "the same",
-         STASH_026, AFTER_CHECKS),
+         STASH_026, AFTER_CHECKS, runner=V2),
     _row(FEATURE, "vllm.config.vllm:VllmConfig.__post_init__", f"{KV}.install:install_kvflash", "KVFlash",
          "validate the pool; scheduler class and step caps", "the same", "with the VllmConfig patch", AFTER_CHECKS),
     _row(FEATURE, "vllm.config.vllm:VllmConfig.__post_init__", f"{PF}.install:install_pflash", "PFlash",
          "check the drafter (no weights loaded); the worker extension", "the same", "with the VllmConfig patch",
          AFTER_CHECKS),
     _row(FEATURE, f"{V1_RUNNER}.initialize_kv_cache", f"{KV}.worker_v1:bind_v1", "KVFlash",
-         "bind the pagers to V1's KV cache, block table, builders and layers",
+         "bind the pagers to the runner's KV cache, block table, builders and layers",
          "called by the initialize_kv_cache patch with the runner and LuceConfig", KV_WORKER_HOOK, KV_CACHE_V1),
     _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{KV}.worker_v2:bind_v2", "KVFlash",
-         "the same for Model Runner V2", "the same", KV_WORKER_HOOK, KV_CACHE_V2),
+         "the same", "the same", KV_WORKER_HOOK, KV_CACHE_V2),
     _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{SD}.plain_steps_v2:bind_v2", "DFlash",
          "plain steps write the drafter's context and skip its forward", "the same", V2_PLAIN_STEPS, KV_CACHE_V2),
     _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{V026}.context_stash_v2:bind_v2", "DFlash",
@@ -348,7 +367,7 @@ HOOKS: tuple[Hook, ...] = (
     _row(FEATURE, "GPUModelRunner.initialize_kv_cache (V1 and V2)", f"{PF}.worker:bind", "PFlash",
          "load the PFlash drafter on rank 0 (after the KV cache: a drafter that cannot load stops startup)",
          "the same, on either runner", "vLLM offers a worker-side hook after the KV cache is allocated",
-         KV_CACHE_BOTH, checks=(f"{V1_RUNNER}.initialize_kv_cache", f"{V2_RUNNER}.initialize_kv_cache")),
+         KV_CACHE_BOTH, checks=(f"{V1_RUNNER}.initialize_kv_cache", f"{V2_RUNNER}.initialize_kv_cache"), runner=V1_V2),
     _row(FEATURE, "vllm_luce:register", "vllm_luce.metrics:install", "metrics",
          "the metrics directory and collector", "called by register()", NEVER, AT_REGISTER, checks=PLUGINS),
 )
