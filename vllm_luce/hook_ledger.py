@@ -401,6 +401,22 @@ LEDGER += (
             "extra_args['luce_pflash_skip'] = reason, which the add_request wrappers honour.",
         remove_when="vLLM passes request-level metadata (tools) to the engine client or to plugins.",
     ),
+    LedgerEntry(
+        target="vllm.engine.arg_utils:EngineArgs.from_cli_args",
+        signature='(cls, args: argparse.Namespace)',
+        module="vllm_luce.patches.engine_args_from_cli",
+        why="A client must learn what PFlash did to its prompt (usage.prompt_tokens counts the kept tokens) from "
+            "the response itself, and vLLM has no hook that adds a field to a response's usage. Its --middleware "
+            "adds an ASGI middleware to the app, but a plugin cannot set that flag, and whether PFlash is on is "
+            "known only once the arguments are parsed. from_cli_args is where vLLM's API server turns the parsed "
+            "arguments into EngineArgs, before it builds the app from the same arguments.",
+        how="Wraps the class method from_cli_args: after vLLM's, when the luce settings (the parsed "
+            "--additional-config and VLLM_LUCE_* variables) switch PFlash on and the namespace has vLLM's "
+            "--middleware list, appends pflash.usage_report.UsageMiddleware to it (a new list, after the user's "
+            "own); vLLM then adds it to the app. A bad luce setting adds nothing: the VllmConfig patch stops "
+            "startup naming it.",
+        remove_when="vLLM lets a plugin add fields to a response's usage, or add ASGI middleware to the API server.",
+    ),
 )
 
 

@@ -32,6 +32,12 @@ EXPECTED: dict[str, str] = {
         ATTRIBUTE,
     "vllm.config.parallel:ParallelConfig.worker_extension_cls":
         ATTRIBUTE,
+    "vllm.entrypoints.openai.cli_args:FrontendArgs.middleware":
+        ATTRIBUTE,
+    "vllm.entrypoints.launchers.cli_args:FrontendArgs.middleware":
+        ATTRIBUTE,
+    "vllm.entrypoints.common.cli_args:FrontendArgs.middleware":
+        ATTRIBUTE,
     "vllm.config.cache:CacheConfig.enable_prefix_caching":
         ATTRIBUTE,
     "vllm.config.scheduler:SchedulerConfig.max_num_scheduled_tokens":
@@ -235,6 +241,16 @@ PER_SERIES: dict[str, dict[str, str | None]] = {
     },
     "vllm.v1.core.single_type_kv_cache_manager:FullAttentionManager.cache_blocks": {
         "0.26": '(self, request: Request, num_tokens: int, retention_interval: int | None=None) -> None',
+    },
+    # vLLM's --middleware (FrontendArgs) moves module from series to series; each checks the one it has.
+    "vllm.entrypoints.openai.cli_args:FrontendArgs.middleware": {
+        "0.32": None, "0.33": None,
+    },
+    "vllm.entrypoints.launchers.cli_args:FrontendArgs.middleware": {
+        "0.26": None, "0.33": None,
+    },
+    "vllm.entrypoints.common.cli_args:FrontendArgs.middleware": {
+        "0.26": None, "0.32": None,
     },
 }
 

@@ -193,6 +193,7 @@ PATCHES: dict[str, tuple[str, ...]] = {
                                                         "the same for the offline LLM API"),
     "vllm.entrypoints.openai.chat_completion.protocol:ChatCompletionRequest.to_sampling_params": (
         "PFlash", ENGINE_CLIENT_PFLASH, "mark tool and response-format requests, never compressed"),
+    f"{ENGINE_ARGS}.from_cli_args": ("PFlash", STARTUP, "with PFlash on, add the usage middleware to `--middleware`"),
 }
 
 HOOKS: tuple[Hook, ...] = (
@@ -227,6 +228,15 @@ HOOKS: tuple[Hook, ...] = (
     _row(CLASS_PATH, "vllm.config.parallel:ParallelConfig.worker_extension_cls", f"{PF}.install:_install_worker_extension",
          "PFlash", "PFlash's scorer method on the worker, reached by collective_rpc",
          "after vLLM's checks: pflash.worker:PFlashWorkerExtension; a user's own extension stops startup", NEVER),
+    _row(CLASS_PATH, "argparse:Namespace.middleware (vLLM's --middleware)",
+         f"{P}.engine_args_from_cli:add_usage_middleware", "PFlash",
+         "pflash.usage_report.UsageMiddleware: each completions and chat response's usage.luce_pflash says what "
+         "PFlash did to its prompts",
+         "appended to the parsed list after the user's own, with PFlash on, in the from_cli_args patch; vLLM adds "
+         "it to its app", "vLLM lets a plugin add fields to a response's usage",
+         checks=("vllm.entrypoints.openai.cli_args:FrontendArgs.middleware",
+                 "vllm.entrypoints.launchers.cli_args:FrontendArgs.middleware",
+                 "vllm.entrypoints.common.cli_args:FrontendArgs.middleware")),
     # config settings
     _row(SETTING, "vllm.config.cache:CacheConfig.enable_prefix_caching", f"{KV}.install:before_vllm_checks",
          "KVFlash", "off: a pooled request's KV is not a function of its prefix (before vLLM's checks, which size "

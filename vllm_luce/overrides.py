@@ -80,6 +80,8 @@ UNWARNED = {
                                                       "request is never compressed); no user value changes",
     "vllm.v1.request:Request.max_tokens": "per request: KVFlash stops a request where its context would need more "
                                           "host memory than its share (finish reason length), as at max_model_len",
+    "argparse:Namespace.middleware (vLLM's --middleware)": "adds PFlash's usage middleware after the user's own "
+                                                           "--middleware values, which all stay",
 }
 
 ASKED = "yours or vLLM's default"

@@ -91,6 +91,52 @@ def test_streaming_and_short_prompts_work(client):
     assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens  # below min_prompt_tokens: as sent
 
 
+def _usage_chunk(stream) -> object:
+    """The usage of a stream with stream_options include_usage: its last chunk's, which has no choices."""
+    chunks = list(stream)
+    assert not chunks[-1].choices and all(c.usage is None for c in chunks[:-1])
+    return chunks[-1].usage
+
+
+def test_every_response_says_what_pflash_did_to_its_prompt(client, cases):
+    """usage.luce_pflash on completions and chat, streamed (the usage chunk) and not: the prompt as sent, the tokens
+    kept (usage.prompt_tokens) and the outcome."""
+    case = cases[0]
+    stream = {"stream": True, "stream_options": {"include_usage": True}}
+    completion = {"model": "tiny", "prompt": case.prompt, "max_tokens": 2, "temperature": 0}
+    for usage in (client.completions.create(**completion).usage,
+                  _usage_chunk(client.completions.create(**completion, **stream))):
+        assert usage.prompt_tokens < 0.5 * case.prompt_tokens
+        assert usage.luce_pflash == {"prompt_tokens_sent": case.prompt_tokens,
+                                     "prompt_tokens_kept": usage.prompt_tokens, "outcome": "compressed"}
+    whole = _chat(client, case.prompt, extra_body=OFF).usage  # the chat template's tokens, as sent and prefilled
+    assert whole.luce_pflash == {"prompt_tokens_sent": whole.prompt_tokens, "prompt_tokens_kept": whole.prompt_tokens,
+                                 "outcome": "skipped_opted_out"}
+    for usage in (_chat(client, case.prompt).usage, _usage_chunk(_chat(client, case.prompt, **stream))):
+        assert usage.prompt_tokens < 0.5 * whole.prompt_tokens
+        assert usage.luce_pflash == {"prompt_tokens_sent": whole.prompt_tokens,
+                                     "prompt_tokens_kept": usage.prompt_tokens, "outcome": "compressed"}
+    assert _chat(client, case.prompt, tools=TOOLS, tool_choice="none").usage.luce_pflash["outcome"] == "skipped_tools"
+
+
+def test_short_prompts_and_each_prompt_of_a_batch_carry_their_outcome(client, cases):
+    short = client.completions.create(model="tiny", prompt="import os\n", max_tokens=1, temperature=0)
+    assert short.usage.luce_pflash == {"prompt_tokens_sent": short.usage.prompt_tokens,
+                                       "prompt_tokens_kept": short.usage.prompt_tokens,
+                                       "outcome": "skipped_short_prompt"}
+    for batch in (client.completions.create(model="tiny", prompt=[cases[0].prompt, "import os\n"], max_tokens=1,
+                                            temperature=0).usage,
+                  _usage_chunk(client.completions.create(model="tiny", prompt=[cases[0].prompt, "import os\n"],
+                                                         max_tokens=1, temperature=0, stream=True,
+                                                         stream_options={"include_usage": True}))):
+        field = batch.luce_pflash
+        assert [p["outcome"] for p in field["prompts"]] == ["compressed", "skipped_short_prompt"]
+        assert field["prompts"][0]["prompt_tokens_sent"] == cases[0].prompt_tokens
+        assert field["prompts"][1] == short.usage.luce_pflash
+        assert field["prompt_tokens_kept"] == batch.prompt_tokens == sum(p["prompt_tokens_kept"] for p in field["prompts"])
+        assert field["prompt_tokens_sent"] == cases[0].prompt_tokens + short.usage.prompt_tokens
+
+
 def _prompts(server, outcome: str) -> float:
     return text_metric(scrape(server.base_url), "vllm:luce_pflash_prompts_total", outcome=outcome)
 

@@ -20,10 +20,11 @@ from vllm_luce.hook_ledger import PatchTargetChanged, check_signature
 def wrap_method(owner: type, name: str, expected_signature: str,
                 make_wrapper: Callable[[Callable], Callable], inherited: bool = False) -> bool:
     """Replace `owner.name` by `make_wrapper(original)`; False if already done. Checks the signature.
-    ``inherited``: the method may come from a base class; the wrapper is set on ``owner`` only."""
+    ``inherited``: the method may come from a base class; the wrapper is set on ``owner`` only. A static or class
+    method's wrapper is made one too (a class method's takes ``cls`` first, as its function does)."""
     original = getattr(owner, name, None) if inherited else owner.__dict__.get(name)
-    static = isinstance(original, staticmethod)
-    if static:
+    kind = type(original) if isinstance(original, (staticmethod, classmethod)) else None
+    if kind is not None:
         original = original.__func__
     if original is None:
         raise PatchTargetChanged(f"{owner.__module__}.{owner.__qualname__}.{name} no longer exists; "
@@ -34,7 +35,7 @@ def wrap_method(owner: type, name: str, expected_signature: str,
     wrapper = make_wrapper(original)
     wrapper.__luce_patched__ = True
     wrapper.__wrapped__ = original
-    setattr(owner, name, staticmethod(wrapper) if static else wrapper)
+    setattr(owner, name, kind(wrapper) if kind is not None else wrapper)
     return True
 
 

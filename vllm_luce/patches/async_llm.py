@@ -1,5 +1,5 @@
-"""Patch: check the per-request switches (`request_args`), and PFlash compresses a long prompt, before AsyncLLM
-(the API server's engine client) adds a request (see LEDGER)."""
+"""Patch: check the per-request switches (`request_args`), and PFlash compresses a long prompt and notes what it did
+for the response's usage, before AsyncLLM (the API server's engine client) adds a request (see LEDGER)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,18 @@ def _make_wrapper(original):
         from vllm_luce.pflash import frontend
 
         request_args.check(params)  # a bad luce_dflash / luce_pflash value: vLLM answers the ValueError with a 400
-        ids = frontend.ids_to_score(self, prompt, params)
+        sent = prompt
+        ids, outcome = frontend.admit(self, prompt, params)
         if ids is not None:
             from vllm_luce.pflash.client import ScoringClient
 
             # queued on rank 0's worker, bounded, with a deadline; cancelled if this coroutine is (the client went away)
             answer = await ScoringClient.of(self).score(request_id, ids)
-            prompt = frontend.compressed_prompt(prompt, answer, request_id, self)
+            prompt, outcome = frontend.compress(prompt, answer, request_id, self)
+        if outcome is not None:
+            from vllm_luce.pflash import usage_report
+
+            usage_report.note(request_id, sent, prompt, outcome)  # the response's usage.luce_pflash
         kvflash_frontend.check(self, prompt, params)  # a prompt KVFlash could never serve: a 400 naming the setting
         return await original(self, request_id, prompt, params, *args, **kwargs)
 

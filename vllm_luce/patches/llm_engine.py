@@ -19,7 +19,7 @@ def _make_wrapper(original):
         from vllm_luce.pflash import frontend
 
         request_args.check(params)  # a bad luce_dflash / luce_pflash value: vLLM answers the ValueError with a 400
-        ids = frontend.ids_to_score(self, prompt, params)
+        ids, _ = frontend.admit(self, prompt, params)
         if ids is not None:
             from vllm_luce.pflash.worker import RPC
 
@@ -27,7 +27,7 @@ def _make_wrapper(original):
                 answer = frontend.first_answer(self.collective_rpc(RPC, args=(ids,)))
             except Exception as e:  # noqa: BLE001 - the request goes on uncompressed
                 answer = frontend.rpc_failed(e)
-            prompt = frontend.compressed_prompt(prompt, answer, request_id, self)
+            prompt, _ = frontend.compress(prompt, answer, request_id, self)
         kvflash_frontend.check(self, prompt, params)  # a prompt KVFlash could never serve: a ValueError naming the setting
         return original(self, request_id, prompt, params, *args, **kwargs)
 

@@ -45,7 +45,7 @@ class ScoringClient:
 
     async def score(self, request_id: str, ids: list[int]) -> dict[str, Any] | None:
         """Rank 0's answer for ``ids``: ``Compressed.as_dict``, ``{"error": ...}``, ``QUEUE_FULL`` or ``DEADLINE``
-        (each goes to ``frontend.compressed_prompt``), or None when no rank scores. When the request goes away
+        (each goes to ``frontend.compress``), or None when no rank scores. When the request goes away
         meanwhile (``asyncio.CancelledError``: the client disconnected, or the request was aborted) the pass is
         cancelled on the worker, counted, and the cancellation goes on."""
         ticket = f"{request_id}-{uuid.uuid4().hex[:8]}"

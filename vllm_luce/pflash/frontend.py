@@ -41,16 +41,18 @@ def skip_reason(prompt: Any, params: Any, min_prompt_tokens: int) -> str | None:
     return None
 
 
-def ids_to_score(engine: Any, prompt: Any, params: Any) -> list[int] | None:
-    """The prompt's token ids when ``engine`` has PFlash on and this request is eligible, else None."""
+def admit(engine: Any, prompt: Any, params: Any) -> tuple[list[int] | None, str | None]:
+    """(the prompt's token ids, None) when ``engine`` has PFlash on and this request is eligible; (None, the skip's
+    outcome, counted) when PFlash skips it; (None, None) with PFlash off."""
     settings = settings_of(engine)
     if settings is None:
-        return None
+        return None, None
     reason = skip_reason(prompt, params, settings.min_prompt_tokens)
     if reason is not None:
-        count(engine, skip_outcome(reason))
-        return None
-    return prompt["prompt_token_ids"]
+        outcome = skip_outcome(reason)
+        count(engine, outcome)
+        return None, outcome
+    return prompt["prompt_token_ids"], None
 
 
 def skip_outcome(reason: str) -> str:
@@ -80,20 +82,20 @@ def first_answer(results: list[Any]) -> dict[str, Any] | None:
     return next((r for r in results if r is not None), None)
 
 
-def compressed_prompt(prompt: dict, answer: dict[str, Any] | None, request_id: str, engine: Any = None) -> dict:
-    """The prompt to send: the kept tokens, or the original if the prompt was not scored (queue full, deadline),
-    scoring failed, or it kept everything; each counted under its outcome."""
+def compress(prompt: dict, answer: dict[str, Any] | None, request_id: str, engine: Any = None) -> tuple[dict, str]:
+    """The prompt to send and its outcome, counted: the kept tokens ("compressed"), or the original if the prompt was
+    not scored ("queue_full", "deadline"), scoring failed ("failed"), or it kept everything ("kept")."""
     labels = _labels(engine)
     if answer is None or "error" in answer:
         count(engine, "failed")
         if answer is not None:
             logger.warning("%s: PFlash: request %s prefilled uncompressed: %s", tag(), request_id, answer["error"])
-        return prompt
+        return prompt, "failed"
     for outcome, why in UNSCORED.items():
         if answer.get(outcome):
             count(engine, outcome)
             logger.info("%s: PFlash: request %s prefilled uncompressed: %s", tag(), request_id, why)
-            return prompt
+            return prompt, outcome
     kept = answer["token_ids"]
     metrics.inc("pflash_scoring_seconds", (answer["score_ms"] + answer["select_ms"]) / 1e3, **labels)
     logger.info("%s: PFlash: request %s: %d -> %d prompt tokens (%d of %d chunks, %d by anchors; scoring "
@@ -103,14 +105,14 @@ def compressed_prompt(prompt: dict, answer: dict[str, Any] | None, request_id: s
     sent = len(prompt["prompt_token_ids"])
     if len(kept) >= sent:
         count(engine, "kept")
-        return prompt
+        return prompt, "kept"
     count(engine, "compressed")
     metrics.inc("pflash_prompt_tokens", sent, **labels)
     metrics.inc("pflash_kept_tokens", len(kept), **labels)
     metrics.set_gauge("pflash_compression_ratio", len(kept) / sent, **labels)
     out = {k: v for k, v in prompt.items() if k not in ("prompt", "prompt_token_offsets")}
     out["prompt_token_ids"] = kept
-    return out
+    return out, "compressed"
 
 
 def settings_of(engine: Any) -> Any | None:
