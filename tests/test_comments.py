@@ -51,13 +51,6 @@ SENTENCE_END = re.compile(r"(?<=[.;!?])\s+")
 # A string literal's prefix and quotes, taken off its text; the text keeps the source's lines.
 QUOTES = re.compile(r"^[rRbBuU]*(?:\"\"\"|\'\'\'|\"|\')|(?:\"\"\"|\'\'\'|\"|\')$")
 
-# Hits in files others are editing now, each to go once its file is fixed: {(path, the matched text): why}.
-# An entry that matches nothing fails test_the_allow_list_holds_no_fixed_hit: remove it then.
-ALLOWED: dict[tuple[str, str], str] = {
-    ("tests/e2e/test_pflash_serve.py",
-     "1.75x the case's tokens (within max_model_len): two passes of 0.3-0.9 s on the C"): "being fixed by its editor",
-}
-
 
 def comment_texts(source: str) -> list[tuple[int, str]]:
     """Every comment and string statement (docstrings among them) of Python ``source`` as (first line, text); a run
@@ -96,19 +89,16 @@ def hits(text: str) -> list[tuple[int, str, str]]:
     return found
 
 
-def history_in_comments(files: list[Path]) -> tuple[list[str], set[tuple[str, str]]]:
-    """The hits outside ``ALLOWED`` as ``path:line: kind 'text'``, and the allowed ones that were found."""
-    found, allowed_found = [], set()
+def history_in_comments(files: list[Path]) -> list[str]:
+    """The hits as ``path:line: kind 'text'``."""
+    found = []
     for path in files:
         where = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
         for line, text in comment_texts(path.read_text()):
             for start, kind, matched in hits(text):
-                if (where, matched) in ALLOWED:
-                    allowed_found.add((where, matched))
-                    continue
                 at = line + text.count("\n", 0, start)
                 found.append(((where, at), f"{where}:{at}: {kind} {matched!r}"))
-    return [message for _, message in sorted(found)], allowed_found
+    return [message for _, message in sorted(found)]
 
 
 def scoped_files() -> list[Path]:
@@ -116,17 +106,11 @@ def scoped_files() -> list[Path]:
 
 
 def test_comments_and_docstrings_state_conclusions_not_history():
-    found, _ = history_in_comments(scoped_files())
+    found = history_in_comments(scoped_files())
     assert not found, ("comments and docstrings state what is true now: no commit, date, workplace wording or figure "
                        "measured on a device. State the conclusion; a measurement's provenance belongs in its docs "
                        "table (docs/benchmarks.md, docs/fidelity.md, docs/operations.md, docs/gpu.md) or "
                        "docs/data/:\n" + "\n".join(found))
-
-
-def test_the_allow_list_holds_no_fixed_hit():
-    _, allowed_found = history_in_comments(scoped_files())
-    fixed = sorted(f"{path}: {matched!r}" for path, matched in set(ALLOWED) - allowed_found)
-    assert not fixed, "fixed, so remove these entries from tests/test_comments.py's ALLOWED:\n" + "\n".join(fixed)
 
 
 def test_the_rule_finds_what_it_forbids(tmp_path):
@@ -141,7 +125,7 @@ def test_the_rule_finds_what_it_forbids(tmp_path):
         '    "A string statement: the CI host passed it in 0.5 s (session 37)."\n'
         '    return g(1, "on an H100 at abc1234 it took 95 s")  # 8192 tokens, vLLM\'s default on H100/H200\n'
         '\n\nclass C:\n    """Built once per session; a kernel tuned for the H200, its block 64 x 128."""\n')
-    found, _ = history_in_comments([sample])
+    found = history_in_comments([sample])
     assert sorted(f.split(": ", 1)[1] for f in found) == [
         "commit id '9bd3fdb'", "date '2026-11-28'", "date 'March 2026'",
         "device figure 'A string statement: the CI host passed it in 0.5 s (session 37).'",

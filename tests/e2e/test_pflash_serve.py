@@ -190,8 +190,8 @@ def test_a_client_that_disconnects_while_its_prompt_is_queued_leaves_nothing_hel
     case = cases[0]
     before = _before(server)
     body = {"model": "tiny", "prompt": case.prompt, "max_tokens": 2, "temperature": 0}
-    # 1.75x the case's tokens (within max_model_len): two passes of 0.3-0.9 s on the CI hosts queue the third
-    # prompt well past the moment its client gives up (0.45 s)
+    # 1.75x the case's tokens (within max_model_len): two scoring passes of that length queue the third prompt well
+    # past the moment its client gives up (0.45 s after the fillers start)
     filler = {**body, "prompt": case.prompt + case.prompt[: len(case.prompt) * 3 // 4]}
     with ThreadPoolExecutor(2) as pool:
         fillers = [pool.submit(client.completions.create, **filler) for _ in range(2)]
