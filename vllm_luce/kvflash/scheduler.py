@@ -19,19 +19,15 @@ from vllm_luce.kvflash.prompt_end import split_prompt_end
 TARGET = "vllm.v1.core.sched.scheduler:Scheduler._mamba_block_aligned_split"
 
 
-def pooled_prompt_tokens(vllm_config) -> int | None:
-    """The pool size in tokens when paged KVFlash is on, else None."""
-    from vllm_luce.config import LuceConfig
-    from vllm_luce.kvflash.settings import resident_cap_tokens
-
-    kv = LuceConfig.from_vllm_config(vllm_config).kvflash
-    return (resident_cap_tokens(kv) or None) if kv.enabled else None
-
-
 class KVFlashSchedulerMixin:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._luce_pool_tokens = pooled_prompt_tokens(self.vllm_config)
+        from vllm_luce.config import LuceConfig
+        from vllm_luce.kvflash.settings import resident_cap_tokens
+
+        luce = LuceConfig.from_vllm_config(self.vllm_config)
+        # the pool size in tokens when paged KVFlash is on, else None
+        self._luce_pool_tokens = (resident_cap_tokens(luce.kvflash) or None) if luce.kvflash.enabled else None
         self._luce_vllm_aligns = self.need_mamba_block_aligned_split
         self.luce_admission = None
         if self._luce_pool_tokens is not None:
@@ -39,11 +35,10 @@ class KVFlashSchedulerMixin:
 
             check_signature(TARGET, Scheduler._mamba_block_aligned_split, ledger_signature(TARGET))
             from vllm_luce import hooks, metrics
-            from vllm_luce.config import LuceConfig
             from vllm_luce.kvflash.engine_tiers import build_admission
 
             hooks.bind("vllm.v1.core.sched.scheduler:Scheduler.need_mamba_block_aligned_split", self, True)
-            self.luce_admission = build_admission(self, LuceConfig.from_vllm_config(self.vllm_config))
+            self.luce_admission = build_admission(self, luce)
             parallel = self.vllm_config.parallel_config
             self._luce_tier_labels = {"model_name": metrics.model_name(self.vllm_config),
                                       "engine": getattr(parallel, "data_parallel_rank", 0)}
