@@ -25,6 +25,7 @@ from safetensors.torch import load_file, save_file
 from fixtures import serve_load as L
 from fixtures.server import Server
 from fixtures.trained import trained_model
+from vllm_luce.metrics.store import PUBLISH_EVERY_S
 
 pytestmark = pytest.mark.e2e
 
@@ -77,15 +78,19 @@ def metrics(server) -> str:
 
 
 def wait_idle(server, timeout: float = 30.0) -> str:
-    """Metrics once nothing runs and KVFlash holds nothing (values from workers lag up to a second)."""
+    """Metrics once nothing runs and KVFlash holds nothing, read again PUBLISH_EVERY_S and a half later: the engine
+    core and the workers publish their values, counters too, up to a second late, so a count from the load's last
+    second (a request held back just before the end) lands only then."""
     deadline = time.time() + timeout
     while True:
         text = metrics(server)
         busy = (L.metric(text, "vllm:num_requests_running") + L.metric(text, "vllm:num_requests_waiting")
                 + L.metric(text, "vllm:luce_kvflash_requests") + L.metric(text, "vllm:luce_kvflash_host_bytes"))
         if busy == 0 or time.time() > deadline:
-            return text
+            break
         time.sleep(0.5)
+    time.sleep(1.5 * PUBLISH_EVERY_S)
+    return metrics(server)
 
 
 def assert_nothing_held(server) -> str:
@@ -166,9 +171,7 @@ def test_preempted_requests_decode_what_they_decode_alone(server, prompts):
                for (_, n), item in zip(chosen, work)), chosen
 
     def preemptions_and_page_outs() -> tuple[float, float]:
-        wait_idle(server)
-        time.sleep(1.5)  # the workers publish their counters up to a second late: the earlier tests' page-outs too
-        text = metrics(server)
+        text = wait_idle(server)  # settled: the earlier tests' page-outs too
         return L.metric(text, "vllm:num_preemptions_total"), L.metric(text, "vllm:luce_kvflash_page_outs_total")
 
     start = preemptions_and_page_outs()
