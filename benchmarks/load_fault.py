@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -51,6 +52,8 @@ IDLE_WAIT_S = {"cpu": 30, "gpu": 60}  # the longest wait for the idle state afte
 START_TIMEOUT_S = {"cpu": 300, "gpu": 600}
 # vLLM's own additional setting on Hopper (tests/gpu/conftest.py: the kit has no FlashInfer).
 GPU_VLLM_ADDITIONAL = {"gdn_prefill_backend": "triton"}
+# --without NAME: the profile's switch it turns off
+WITHOUT = {"dflash": "dflash", "pflash": "pflash", "cold": "gpu_cold", "aborts": "aborts"}
 CPU_ONLY_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND")
 
 
@@ -91,16 +94,20 @@ def models(scale: str, workdir: Path) -> Path:
 def luce_config(profile: Profile, ledger: Path) -> dict:
     from fixtures.trained import trained_model
 
-    return {"luce": {"kvflash": {"pool_tokens": profile.pool_tokens, "host_bytes": profile.host_bytes,
-                                 "host_ledger": str(ledger), "gpu_cold": profile.gpu_cold},
-                     "pflash": {"drafter": str(trained_model("scorer")), "keep_ratio": profile.pflash_keep_ratio,
-                                "min_prompt_tokens": profile.pflash_min_prompt}}}
+    luce = {"kvflash": {"pool_tokens": profile.pool_tokens, "host_bytes": profile.host_bytes,
+                        "host_ledger": str(ledger), "gpu_cold": profile.gpu_cold}}
+    if profile.pflash:
+        luce["pflash"] = {"drafter": str(trained_model("scorer")), "keep_ratio": profile.pflash_keep_ratio,
+                          "min_prompt_tokens": profile.pflash_min_prompt}
+    return {"luce": luce}
 
 
 def server_args(profile: Profile, ledger: Path) -> list[str]:
     additional = luce_config(profile, ledger)
     args = ["--max-model-len", str(profile.max_model_len), "--dtype", "bfloat16", "--no-enable-prefix-caching",
-            "--max-num-seqs", str(profile.max_num_seqs), "--seed", "0", "--speculative-model", "dflash"]
+            "--max-num-seqs", str(profile.max_num_seqs), "--seed", "0"]
+    if profile.dflash:
+        args += ["--speculative-model", "dflash"]
     if profile.kv_blocks is not None:
         args += ["--num-gpu-blocks-override", str(profile.kv_blocks)]
     if profile.kv_cache_bytes is not None:
@@ -356,9 +363,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", help="models, the host ledger and the server log (default: a new temp folder)")
     ap.add_argument("--seconds", type=float, help="seconds of load (the profile's: gpu 480, cpu 75)")
     ap.add_argument("--streams", type=int, help="concurrent streams besides the canaries (gpu 64, cpu 8)")
+    ap.add_argument("--canary-streams", type=int, help="streams that send the canaries in turn (gpu 1, cpu 2)")
+    ap.add_argument("--without", action="append", choices=WITHOUT, default=[],
+                    help="run with one thing off, to rule it in or out of a finding (repeatable)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    profile = PROFILES[args.scale].scaled(args.seconds, args.streams)
+    profile = replace(PROFILES[args.scale].scaled(args.seconds, args.streams, args.canary_streams),
+                      **{WITHOUT[name]: False for name in args.without})
     command = ["benchmarks.load_fault", *(argv if argv is not None else sys.argv[1:])]
     run = {"header": header(command), "profile": profile.__dict__, "profile_obj": profile, "started": time.monotonic(),
            "served": SERVED, "timings": {}, "kv_rounds": [], "reference": [], "canaries": [], "outcomes": [],
