@@ -26,3 +26,54 @@ def test_the_kernel_warm_up_is_announced_with_its_size_then_timed(luce_log, monk
     assert lines[0].endswith("KVFlash: compiling the paging and scoring kernels "
                              "(a chunk of 64 tokens out and back on 3 layers)")
     assert "KVFlash: kernels compiled in " in lines[1]
+
+
+def paged_run(monkeypatch=None, lent_blocks: int = 0, steps: int = 12):
+    """One request prefilled in steps of 96 tokens through ``plan`` on CPU caches: a pool of 6 chunks of 16 tokens
+    (blocks of 32), the row the pool's 3 blocks plus ``lent_blocks`` lent for cold chunks. Returns the runtime."""
+    import numpy as np
+
+    block, blocks = 32, 64
+    caches = [torch.randn(blocks, 1, block, 2 * 8) for _ in range(2)]
+    rt = KVFlashRuntime(PagerConfig(pool_tokens=96, chunk_tokens=16, recent_chunks=2), "lru", caches, PACKED_LAYOUT,
+                        8, block, 4)
+    rows = np.zeros((4, blocks), dtype=np.int32)
+    rows[0, : 3 + lent_blocks] = np.arange(1, 4 + lent_blocks)
+    for step in range(steps):
+        rt.plan(["r"], np.array([0, 48]), np.array([48 * step]), rows, np.array([3 + lent_blocks]),
+                np.array([48 * steps]))
+    return rt
+
+
+def test_every_chunk_is_placed_and_host_memory_stays_within_the_reservation():
+    for lent in (0, 2, 40):  # host memory only; some cold blocks; cold blocks for every chunk
+        stats = paged_run(lent_blocks=lent).stats()
+        assert stats["page_outs"] > 0 and stats["lost"] == 0 and stats["host_over_reserved"] == 0, (lent, stats)
+        assert (stats["bytes_out"] == 0) == (lent == 40), stats
+
+
+def test_a_chunk_put_in_host_memory_while_a_lent_block_was_free_is_counted_and_logged(monkeypatch, luce_log):
+    """Planted: the pager ignores the blocks the scheduler lent it, so it holds host memory the scheduler never
+    reserved (the scheduler counted those chunks in the lent blocks)."""
+    from vllm_luce.kvflash.pager import RequestPager
+
+    monkeypatch.setattr(RequestPager, "_take_cold", lambda self: None)
+    stats = paged_run(lent_blocks=40).stats()
+    assert stats["host_over_reserved"] > 0 and stats["lost"] == 0
+    assert sum("more than the scheduler reserved" in r.getMessage() for r in luce_log.records) == 1
+
+
+def test_a_chunk_paged_out_to_nowhere_is_counted_as_lost_and_logged(monkeypatch, luce_log):
+    """Planted: a host page-out that forgets its bytes (the chunk leaves the pool and is found nowhere)."""
+    from vllm_luce.kvflash.pager import RequestPager
+
+    page_out = RequestPager._page_out
+
+    def forgetful(self, chunk):
+        page_out(self, chunk)
+        self.host.pop(chunk, None)
+
+    monkeypatch.setattr(RequestPager, "_page_out", forgetful)
+    stats = paged_run().stats()
+    assert stats["lost"] >= 1
+    assert sum("chunks but places" in r.getMessage() for r in luce_log.records) == 1

@@ -45,6 +45,8 @@ from typing import Callable, Protocol
 
 import torch
 
+from vllm_luce.log import logger
+
 
 class KVFlashConfigError(ValueError):
     pass
@@ -164,6 +166,8 @@ class PagerStats:
     moves: int = 0
     reselections: int = 0
     dropped: int = 0  # chunks discarded because the host budget was spent (host_full "drop" only)
+    lost: int = 0  # chunks of a context found in no tier and not dropped (or in two): a bug, logged where found
+    host_over_reserved: int = 0  # host chunks beyond what the scheduler reserved for the request, summed over steps
     reselect_s: float = 0.0  # wall time of reselections, scoring and page-ins included
     sparse_steps: int = 0  # SFI: decode steps over the selection
     dense_steps: int = 0  # SFI: decode steps over the whole context (refreshes)
@@ -195,6 +199,8 @@ class RequestPager:
     cold_free: list[int] = field(default_factory=list)  # cold positions given back (by page-ins, truncation)
     cold_next: int = -1  # the first cold position never used (-1: the pool's end, set on first use)
     cold_moves: list[tuple[int, int]] = field(default_factory=list)  # (cold position, pool position) of this step
+    dropped_chunks: set[int] = field(default_factory=set)  # host_full "drop": chunks discarded, still in the context
+    reserved_host_chunks: int = 0  # the most host chunks the scheduler has reserved for this request (``admission``)
 
     # -------------------------------------------------------------- structure
 
@@ -282,8 +288,28 @@ class RequestPager:
             self.stats.reselect_s += time.perf_counter() - t0
         else:
             self._relayout({})
+        self._account()
         chunk = self.config.chunk_tokens
         return [self.stored_at[p // chunk] * chunk + p % chunk for p in range(start, start + num_new)]
+
+    def _account(self) -> None:
+        """Every chunk of the context is in exactly one place: the pool, a cold position, host memory, or dropped
+        (host_full "drop"). Anything else is a lost chunk, counted once per request (``stats.lost``) and logged."""
+        placed = len(self.resident) + len(self.cold) + len(self.host) + len(self.dropped_chunks)
+        if placed != self.num_chunks and not self.stats.lost:
+            self.stats.lost = abs(self.num_chunks - placed)
+            logger.error("KVFlash: request %s has %d chunks but places %d (pool %d, cold %d, host %d, dropped %d)",
+                         self.req_id, self.num_chunks, placed, len(self.resident), len(self.cold), len(self.host),
+                         len(self.dropped_chunks))
+
+    def check_host_reservation(self, reserved_now: int) -> int:
+        """After a step: the host chunks the scheduler reserved for this request's length and KV blocks this step
+        (``admission.AdmissionConfig.host_chunks``); a reservation is the most a request has needed. Returns the
+        host chunks beyond it (counted in ``stats.host_over_reserved``): 0 unless the pager and scheduler disagree."""
+        self.reserved_host_chunks = max(self.reserved_host_chunks, reserved_now)
+        over = max(0, len(self.host) - self.reserved_host_chunks)
+        self.stats.host_over_reserved += over
+        return over
 
     def touch(self, chunks) -> None:
         """Chunks the current step attended to (recency for LRU)."""
@@ -315,6 +341,7 @@ class RequestPager:
             self.host_nbytes -= _nbytes(self.host.pop(c))
         for c in [c for c in self.cold if c >= keep]:
             self.cold_free.append(self.cold.pop(c))
+        self.dropped_chunks = {c for c in self.dropped_chunks if c < keep}
         for c in [c for c in self.summaries if c >= keep - (start % self.config.chunk_tokens > 0)]:
             del self.summaries[c]  # a chunk cut to partial is re-summarised when full again
         self.num_tokens = start
@@ -361,6 +388,7 @@ class RequestPager:
         if self.host_allowance is not None and not self.host_allowance(nbytes):
             # host_full "drop": the budget is spent, so the chunk is dropped (never reselectable again).
             self.stats.dropped += 1
+            self.dropped_chunks.add(chunk)
             self.summaries.pop(chunk, None)
             return
         read_host = getattr(self.store, "read_host", None)
@@ -435,6 +463,8 @@ class RequestPager:
         self.cold.clear()
         self.cold_free.clear()
         self.cold_next, self.cold_moves = -1, []
+        self.dropped_chunks.clear()
+        self.reserved_host_chunks = 0
         self.host_nbytes = 0
         self.resident.clear()
         self.last_used.clear()

@@ -35,6 +35,7 @@ import torch
 
 from vllm_luce import metrics
 from vllm_luce.kernels.scored_dims import ScoredDims
+from vllm_luce.kvflash.admission import AdmissionConfig
 from vllm_luce.kvflash.host_pool import PinnedChunkPool
 from vllm_luce.kvflash.kv_store import PagedPoolStore, copy_stream_for, to_device_async
 from vllm_luce.kvflash.pager import PagerConfig, PagerStats, RequestPager, summarize
@@ -81,6 +82,9 @@ class KVFlashRuntime:
         self._host_pools: dict[tuple, PinnedChunkPool] = {}
         self.host_pinned = host_pinned  # bytes or 'auto' the warm-up pins for page-outs (luce.kvflash.host_pinned_bytes)
         self.max_model_len = max_model_len
+        # what the scheduler's admission reserves host memory by (``admission.py``): chunks, whatever their bytes
+        self.tiers = AdmissionConfig(chunk_tokens=config.chunk_tokens, pool_chunks=config.pool_chunks,
+                                     block_size=block_size, chunk_bytes=0, request_bytes=0)
 
     def pager(self, req_id: str) -> RequestPager | RequestSelection:
         pager = self.pagers.get(req_id)
@@ -203,6 +207,8 @@ class KVFlashRuntime:
                 prompt_end = hi - lo == 1 and start + 1 == int(num_prompt_tokens[r])
                 offsets = pager.prepare(start, hi - lo, self.policy, decoded=decoded, prompt_end=prompt_end)
                 slots[lo:hi] = pager.store.slots(offsets)
+                if self.selection != "sfi":
+                    self._check_reservation(pager)
             self.resident_lens[r] = pager.resident_tokens()
             self.skip_blocks[r] = pager.skipped_tokens() // self.block_size
         self.step_req_ids = list(req_ids)
@@ -212,6 +218,15 @@ class KVFlashRuntime:
         if self._rows is not None:
             self._load_rows()
         return slots
+
+    def _check_reservation(self, pager: RequestPager) -> None:
+        """The host chunks a request holds after its step within what the scheduler reserved for it: the same
+        ``AdmissionConfig.host_chunks`` of its length and block row (the scheduler reserves before the step)."""
+        over = pager.check_host_reservation(self.tiers.host_chunks(pager.num_tokens, len(pager.store.row)))
+        if over and over == pager.stats.host_over_reserved:  # the request's first step over: logged once
+            logger.error("%s: KVFlash: request %s holds %d chunks in host memory, %d more than the scheduler reserved "
+                         "for %d tokens and %d blocks", tag(), pager.req_id, len(pager.host), over, pager.num_tokens,
+                         len(pager.store.row))
 
     def observe_queries(self, layer: int, query: torch.Tensor) -> None:
         """Called by each pooled layer with its post-RoPE queries [tokens, q_heads, head] (QK, attention): the
@@ -319,7 +334,8 @@ class KVFlashRuntime:
 
     def stats(self) -> dict[str, float]:
         keys = ("page_outs", "page_ins", "cold_outs", "cold_ins", "bytes_out", "bytes_in", "moves", "reselections",
-                "dropped", "reselect_s", "sparse_steps", "dense_steps", "attended_tokens", "context_tokens")
+                "dropped", "lost", "host_over_reserved", "reselect_s", "sparse_steps", "dense_steps",
+                "attended_tokens", "context_tokens")
         return {k: getattr(self.released, k) + sum(getattr(p.stats, k) for p in self.pagers.values()) for k in keys}
 
     def publish_metrics(self) -> None:
@@ -346,5 +362,6 @@ class KVFlashRuntime:
                           ("page_out_bytes", "bytes_out"),
                           ("page_in_bytes", "bytes_in"), ("reselections", "reselections"),
                           ("reselection_seconds", "reselect_s"), ("host_budget_drops", "dropped"),
+                          ("lost_chunks", "lost"), ("host_over_reserved_chunks", "host_over_reserved"),
                           ("sfi_sparse_steps", "sparse_steps"), ("sfi_dense_steps", "dense_steps")):
             metrics.set_total("kvflash_" + name, stats[key], **labels)

@@ -50,6 +50,10 @@ CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
     "kvflash_reselection_seconds": ("counter", ("rank",), "Time spent in reselections (scoring and page-ins)."),
     "kvflash_host_budget_drops": (
         "counter", ("rank",), "Chunks dropped because kvflash.host_bytes was spent (only with host_full 'drop')."),
+    "kvflash_lost_chunks": (
+        "counter", ("rank",), "Chunks of a context found in no tier (a bug: the request's answer is wrong; logged)."),
+    "kvflash_host_over_reserved_chunks": (
+        "counter", ("rank",), "Host chunks held beyond the scheduler's reservation, summed over steps (a bug; logged)."),
     "kvflash_sfi_sparse_steps": ("counter", ("rank",), "SFI decode steps of a request over its selection only."),
     "kvflash_sfi_dense_steps": ("counter", ("rank",), "SFI dense refresh steps of a request over its whole context."),
     # KVFlash: the tiers in the engine core's scheduler (engine label: the data-parallel rank)
