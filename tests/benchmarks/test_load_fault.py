@@ -102,17 +102,6 @@ def test_label_values_come_from_fixed_sets():
     assert any("'128' is outside" in p for p in problems) and any("not in vllm_luce" in p for p in problems)
 
 
-def test_series_may_grow_only_by_fixed_values_not_seen_yet():
-    fixed = P.fixed_label_values("t", max_num_seqs=8)
-    half = P.luce_series(SCRAPE)
-    later = half | P.luce_series('vllm:luce_pflash_prompts_total{model_name="t",outcome="cancelled"} 1.0\n')
-    assert P.series_growth(half, later, fixed)["over"] == {}
-    # More series of a family than its fixed values allow (a label value per request) is growth.
-    per_request = half | {("vllm:luce_kvflash_page_outs_total", (("model_name", "t"), ("rank", str(i))))
-                          for i in range(40)}
-    assert "kvflash_page_outs" in P.series_growth(half, per_request, fixed)["over"]
-
-
 def test_vllm_errors_are_read_in_both_shapes_and_bodies_carry_the_plan():
     assert error_message('{"error": {"message": "too long", "type": "BadRequestError", "code": 400}}') == \
         (400, "too long")
@@ -163,8 +152,16 @@ def test_a_clean_run_passes_and_each_broken_promise_fails_its_check():
     run = made_up_run()
     run["canaries"][2].text = "something else"  # differs where the reference's top-2 gap is 2.9 nats
     assert not evaluate(run, "")[1]["canaries_equal_the_reference"]["ok"]
-    run = made_up_run(after=made_up_run()["after"] + 'vllm:luce_kvflash_host_budget_drops_total{rank="0"} 2\n')
-    assert not evaluate(run, "")[1]["no_chunks_dropped"]["ok"]
+    for counter, name in (("host_budget_drops", "no_chunk_dropped_or_lost"), ("lost_chunks", "no_chunk_dropped_or_lost"),
+                          ("host_over_reserved_chunks", "host_memory_within_reservations")):
+        run = made_up_run(after=made_up_run()["after"] + f'vllm:luce_kvflash_{counter}_total{{rank="0"}} 2\n')
+        assert not evaluate(run, "")[1][name]["ok"], counter
+    traceback = ("INFO step\nTraceback (most recent call last):\n  File \"x.py\", line 1, in f\n    g()\n"
+                 "KeyError: 7\nINFO next\n")
+    failed = evaluate(made_up_run(), traceback)[1]["no_traceback_in_the_log"]
+    assert not failed["ok"] and "KeyError: 7" in failed["detail"]
+    failed_pass = made_up_run(after=made_up_run()["after"] + 'vllm:luce_pflash_prompts_total{outcome="failed"} 1\n')
+    assert not evaluate(failed_pass, "")[1]["no_pflash_pass_failed"]["ok"]
     run = made_up_run(after=made_up_run()["after"] + 'vllm:luce_kvflash_host_bytes{rank="0"} 65536\n')
     assert not evaluate(run, "")[1]["idle_state"]["ok"]
     run = made_up_run(ledger_after={"pinned": 4096, "pageable": 0})

@@ -207,7 +207,8 @@ def test_host_memory_smaller_than_the_load_holds_requests_back_and_drops_nothing
     results, _ = asyncio.run(L.run_load(server.base_url, "t", work, len(work)))
     assert [r.error for r in results if r.error] == [] and all(r.completion_tokens == 8 for r in results)
     text = assert_nothing_held(server)
-    assert L.metric(text, "vllm:luce_kvflash_host_budget_drops_total") == 0
+    assert L.metric(text, "vllm:luce_kvflash_lost_chunks_total") == 0  # every chunk placed in a tier
+    assert L.metric(text, "vllm:luce_kvflash_host_over_reserved_chunks_total") == 0
     assert L.metric(text, "vllm:luce_kvflash_held_back_steps_total") > 0
     ids = longest_prompt_ids(prompts["long"], 3500)  # beyond (8 + 40) chunks of 64 tokens, within max_model_len 4096
     for stream in (False, True):

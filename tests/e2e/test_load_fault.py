@@ -41,6 +41,6 @@ def test_the_load_reached_every_pressure_the_suite_promises(report):
     summary = report["summary"]
     assert summary["load_requests"] >= 40, summary
     assert all(row["aborted"] > 0 for fault, row in summary["faults"].items() if fault != "none"), summary["faults"]
-    assert summary["preemptions"] > 0 and summary["held_back_steps"] > 0 and summary["chunks_dropped"] == 0
+    assert summary["preemptions"] > 0 and summary["held_back_steps"] > 0
     assert summary["host_page_outs"] > 0 and summary["pflash_outcomes"].get("compressed", 0) > 0
     assert summary["canaries"]["greedy_compared"] >= len(report["profile"]["canaries"])
