@@ -169,32 +169,43 @@ LEDGER: tuple[LedgerEntry, ...] = (
         signature="(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: np.ndarray) -> "
                   "tuple[torch.Tensor, SpecDecodeMetadata | None, int]",
         per_series={"0.26": "(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: np.ndarray) -> "
-                            "tuple[torch.Tensor, SpecDecodeMetadata | None]",
-                    "0.32": None, "0.33": None},
-        module="vllm_luce.vllm026.recurrent_state_v1",
-        why="vLLM 0.26 bug: in a speculating engine on a hybrid target (Qwen3.5/3.6), a decode row without drafts "
-            "reads its Gated DeltaNet state at slot 0 and conv offset 0, where a verify step that accepted drafts "
-            "left it at slot a - 1. The DFlash gate's plain steps are such rows: on a GPU the trained Qwen3.6 "
-            "pair's gated greedy output left plain decoding's at a token both runs were sure of; with this patch "
-            "it equals plain decoding at TP=1 and TP=2 (docs/gpu.md).",
-        how="Wraps V1's _prepare_inputs (vLLM 0.26, mamba_cache_mode none: without prefix caching): after it, for "
-            "each row that decodes one token without "
-            "drafts while its request verified drafts in the step before, moves every GDN layer's ssm slot a - 1 "
-            "to slot 0 and its conv window at offset a - 1 to offset 0, with a the row's accepted count that "
-            "_prepare_inputs put on the GPU (vllm026/recurrent_state.py).",
-        remove_when="vllm-luce drops vLLM 0.26 (0.32 runs such rows through the verify path with zero drafts).",
+                            "tuple[torch.Tensor, SpecDecodeMetadata | None]"},
+        module="vllm_luce.patches.recurrent_state_v1",
+        why="In a speculating engine on a hybrid target (Qwen3.5/3.6), V1 reads a row's Gated DeltaNet state at slot 0 "
+            "and conv offset 0 where the request's last verify step left it at slot a - 1, for a row back in the "
+            "batch after a step away (the scheduler's token budget left it out; V1 adds it back as new, with one "
+            "kept token) and, on vLLM 0.26, a decode row without drafts after a verify step (the DFlash gate's "
+            "plain steps). Greedy answers then changed at a clear top-1 because of what other requests did.",
+        how="Wraps V1's _prepare_inputs (mamba_cache_mode none: without prefix caching): after it, each such row "
+            "(spec_decode/recurrent_state.py: rows_to_realign) has every GDN layer's ssm slot a - 1 moved to slot 0 "
+            "and its conv window at offset a - 1 to offset 0, a from the counts the entry below keeps, and its "
+            "kept count set to 1, where the plain and the verify paths then read.",
+        remove_when="vLLM's V1 runner reads a request's recurrent state where its last verify step left it, for a "
+                    "row back after a step away and a decode row without drafts; or vllm-luce drops Model Runner V1 "
+                    "(vLLM 0.34 has none).",
         upstream_issue=UpstreamIssue(
-            title="Hybrid spec decode: a decode step without drafts after a verify step reads the GDN/Mamba state "
-                  "of the first verified token (vLLM 0.26; fixed by 0.32)",
-            symptom="On a Qwen3.5/3.6 target with speculative decoding, greedy output changes when a step schedules "
-                    "no drafts after a step that accepted some (dynamic speculation at K = 0, drafts cut by the "
-                    "scheduler's token budget).",
-            cause="GPUModelRunner._prepare_inputs builds num_decode_draft_tokens only when some row has drafts, and "
-                  "GDNAttentionMetadataBuilder.build takes the non-spec path when no row drafts, reading "
-                  "block_table[:, 0] and conv offset 0 instead of slot num_accepted - 1.",
-            fix="As vLLM 0.32 does: count a decode row without drafts as a speculative row with zero drafts, and "
-                "keep the speculative path when every row drafted nothing.",
+            title="Hybrid spec decode (V1): a request left out of a step reads the GDN/Mamba state of its first "
+                  "verified token when it comes back",
+            symptom="On a Qwen3.5/3.6 target with speculative decoding, a running request's greedy output changes "
+                    "at a confident token when the scheduler's token budget leaves it out of a step after a verify "
+                    "step that accepted drafts (vLLM 0.26 and 0.32, CPU and CUDA).",
+            cause="_update_states drops an unscheduled request from the persistent batch; add_request puts it back "
+                  "with num_accepted_tokens 1, and prev_positions -1 keeps that count, so GDNAttentionMetadataBuilder "
+                  "reads slot 0 and conv offset 0 instead of slot num_accepted - 1.",
+            fix="Keep each request's last accepted count across batch changes (per request, not per row), or move "
+                "the state to slot 0 when a request leaves the persistent batch.",
         ),
+    ),
+    LedgerEntry(
+        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states_after_model_execute",
+        signature="(self, output_token_ids: torch.Tensor, scheduler_output: 'SchedulerOutput') -> None",
+        module="vllm_luce.patches.recurrent_state_v1",
+        why="The entry above needs each request's kept tokens of its latest step after its batch row is gone; V1 "
+            "keeps them by row only.",
+        how="Wraps V1's _update_states_after_model_execute: after it counts each row's kept tokens on the device, "
+            "copies them into a tensor indexed by each row's slot-0 Gated DeltaNet block (the request's for its "
+            "life), on the device, with no wait.",
+        remove_when="The entry above goes.",
     ),
     LedgerEntry(
         target="vllm.v1.spec_decode.dflash:DFlashProposer.propose",

@@ -171,7 +171,10 @@ PATCHES: dict[str, tuple[str, ...]] = {
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids": (
         "DFlash", ON_IMPORT, "cut each request's drafts to its verify width"),
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs": (
-        "DFlash", ON_IMPORT, "vLLM 0.26 (vLLM bug): a hybrid target's state for a decode without drafts"),
+        "DFlash", ON_IMPORT, "(vLLM bug) a hybrid target's state for a row back after a step away or, on 0.26, "
+        "decoding without drafts"),
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states_after_model_execute": (
+        "DFlash", ON_IMPORT, "each request's kept tokens, for the row above"),
     "vllm.v1.spec_decode.dflash:DFlashProposer.propose": (
         "DFlash", ON_IMPORT, "on the gate's plain steps run only the drafter's context pass"),
     "vllm._custom_ops:rms_norm": (

@@ -123,7 +123,7 @@ def test_trained_hybrid_pair_gated_equals_no_speculation(trained_hybrid, tmp_pat
     # A verify step runs the target on 1 + K tokens a request where a plain step runs one: in bf16 the two round
     # apart, so greedy tokens may part where the two best are tied, and nowhere else. A part at a wide top-2 gap is
     # a bug, such as vLLM 0.26 reading the Gated DeltaNet state of the wrong token on the gate's plain steps (what
-    # vllm026/recurrent_state_v1.py fixes).
+    # patches/recurrent_state_v1.py fixes).
     parted = parts(gated, plain)
     keep_report(f"dflash_trained_pair_{'gguf' if gguf else 'safetensors'}_tp{TP}", {"parts": parted})
     assert all(p["tie"] for p in parted), parted

@@ -4,16 +4,12 @@
   ``dflash.plain_context_stash``, the DFlash gate's plain steps holding the drafter's context inputs and writing them
   in one pass. vLLM 0.26's V2 DFlash speculator writes that context eagerly on every step; from 0.32 the drafter's
   CUDA graph writes it.
-* ``recurrent_state.py`` (pure) and ``recurrent_state_v1.py`` (its patch of Model Runner V1's ``_prepare_inputs``): a
-  vLLM 0.26 bug, a hybrid target's decode row without drafts after a verify step reading the wrong Gated DeltaNet
-  state; vLLM 0.32 fixed it.
 
 Nothing outside this package imports it or compares the vLLM series with 0.26 (tests/test_layout.py). It is reached
-only through rows of vllm_luce/hooks.py and the entry of vllm_luce/hook_ledger.py whose removal condition names vLLM
-0.26: the ledger entry is applied on vLLM 0.26 alone, and the feature installs resolve the stash to nothing on later
-series.
+only through rows of vllm_luce/hooks.py whose removal condition names vLLM 0.26; the feature installs resolve the
+stash to nothing on later series.
 
-Dropping vLLM 0.26 is deleting this package, tests/vllm026/ and those hook rows and that ledger entry; then the
+Dropping vLLM 0.26 is deleting this package, tests/vllm026/ and those hook rows; then the
 configuration key ``dflash.plain_context_stash`` (config.py's SCHEMA, dry_run.py, docs), "0.26" from compat.py's
 series, the 0.26 records of the per-series signatures (hook_ledger.py's ``per_series``, hook_signatures.py's
 ``PER_SERIES``) and tests/patches/vllm_signatures/0.26.0.json (tests/test_compat.py names the other places that list

@@ -1,10 +1,10 @@
-"""A decode without drafts after a verify step reads the recurrent state of the verify step's last accepted token
-(vllm026/recurrent_state.py), checked against the committed token stream itself."""
+"""A row vLLM reads at slot 0 after its request's verify step reads the recurrent state of that step's last accepted
+token once moved (spec_decode/recurrent_state.py), checked against the committed token stream itself."""
 
 import pytest
 import torch
 
-from vllm_luce.vllm026.recurrent_state import realign, rows_to_realign
+from vllm_luce.spec_decode.recurrent_state import realign, rows_to_realign
 
 WIDTH, K, DIM = 4, 5, 3  # conv kernel width, drafts per verify step, conv channels
 
@@ -61,11 +61,12 @@ def test_a_row_that_kept_one_token_is_left_as_it_is():
     assert torch.equal(conv, before[0]) and torch.equal(ssm, before[1])
 
 
-def test_rows_to_realign_are_one_token_decodes_without_drafts_after_a_verify_step():
-    req_ids = ["a", "b", "c", "d", "e"]
-    drafts_now = {"b": [5, 6], "d": []}
-    num_scheduled = [1, 3, 1, 1, 7]
-    # a: verified before, plain now -> realign; b: drafts now (the verify path reads its offset); c: no drafts
-    # before; d: an empty draft list is no drafts; e: a prompt chunk
-    assert rows_to_realign({"a", "b", "d", "e"}, req_ids, drafts_now, num_scheduled) == [0, 3]
-    assert rows_to_realign(set(), req_ids, drafts_now, num_scheduled) == []
+def test_rows_to_realign_are_those_vllm_reads_at_slot_0_after_their_verify_step():
+    req_ids = ["a", "b", "c", "d", "e", "f"]
+    drafts_now = {"b": [5, 6], "d": [], "e": [1], "f": [2]}
+    verified = {"a": True, "b": True, "c": False, "d": True, "e": True, "f": False}
+    previous = {"a", "b", "c", "d", "f"}
+    # a: verified, no drafts now; b: drafts now after a verify in the step before (vLLM reads slot a - 1); c: did
+    # not verify; d: an empty draft list is no drafts; e: back after a step away, drafting; f: last step was plain
+    assert rows_to_realign(previous, verified, req_ids, drafts_now) == [0, 3, 4]
+    assert rows_to_realign(set(req_ids), {}, req_ids, drafts_now) == []

@@ -1,29 +1,34 @@
-"""Where a hybrid target's recurrent state (Gated DeltaNet, Mamba) is after a verify step, and moving it to where
-a decode step without drafts reads it (pure torch: no vLLM import).
+"""Where a hybrid target's recurrent state (Gated DeltaNet, Mamba) is after a verify step, which rows vLLM would read
+it from the wrong place, and moving it to where they read (pure torch: no vLLM import).
 
 A speculating engine keeps each request's recurrent state in the first 1 + K slots of its block-table row. A verify
 step of q tokens writes the state after its i-th token to slot i and appends its conv inputs to the conv window of
 slot 0; the next verify step resumes from slot a - 1 and reads the conv window at offset a - 1, where a is the
-number of tokens the step kept (its accepted drafts and the token sampled after them). A decode step without drafts
-reads slot 0 and the window at offset 0: the right state only when a == 1. vLLM 0.32 sends such rows through the
-verify path with zero drafts; vLLM 0.26 does not (``recurrent_state_v1.py``, its patch of V1's runner, moves the
-state instead).
+number of tokens the step kept (its accepted drafts and the token sampled after them). vLLM's V1 runner reads there
+only for a row that verified in the step just before; it reads slot 0 and offset 0, the right state only when
+a == 1, for:
+
+* a row back in the batch after a step away (the scheduler's token budget left it out): V1 drops it from the
+  persistent batch and adds it back as new, with one kept token;
+* on vLLM 0.26, a decode row without drafts after a verify step (0.32 sends it through the verify path).
+
+``rows_to_realign`` finds those rows; ``realign`` moves each one's state to slot 0 and offset 0, after which reading
+it as one kept token (what the binding then tells vLLM) is right on every series.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping, Sequence
+from typing import AbstractSet, Mapping, Sequence
 
 import torch
 
 
-def rows_to_realign(drafted_before: Iterable[str], req_ids: Sequence[str], drafts_now: Mapping[str, Sequence],
-                    num_scheduled: Sequence[int]) -> list[int]:
-    """The batch rows that decode one token with no drafts in this step while their request verified drafts in
-    the step before (``drafted_before``): the rows whose state a verify step may have left away from slot 0."""
-    before = set(drafted_before)
+def rows_to_realign(previous: AbstractSet[str], verified: Mapping[str, bool], req_ids: Sequence[str],
+                    drafts_now: Mapping[str, Sequence]) -> list[int]:
+    """The batch rows whose request verified drafts in its latest step (``verified``) and that vLLM will not read
+    at slot a - 1: back after a step away (not in the ``previous`` step), or without drafts now."""
     return [row for row, req_id in enumerate(req_ids)
-            if req_id in before and not drafts_now.get(req_id) and num_scheduled[row] == 1]
+            if verified.get(req_id) and (req_id not in previous or not drafts_now.get(req_id))]
 
 
 def realign(conv: torch.Tensor, ssm: torch.Tensor, slots: torch.Tensor, accepted: torch.Tensor, window: int,
