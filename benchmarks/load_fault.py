@@ -5,14 +5,15 @@ vLLM preempts, and a host budget for paged-out KV smaller than the load pages ou
 
     python -m benchmarks.load_fault --scale gpu|cpu --json OUT.json [--workdir DIR] [--seconds S] [--streams N]
 
-Steps: start the server; send the greedy canaries one at a time (the reference: no load, no preemption, no abort);
-run the streams (``fixtures/load_fault_plan.py``: prompts of held-out token ids, log-uniform in length, half greedy,
-half sampled, half opted out of PFlash, faults with fixed probabilities) and the canaries again beside them until the
-time is up, with pressure rounds in turn: in a host round every stream's next request is a long prompt opted out of
-PFlash (their page-outs exceed the host budget), a KV round waits for the requests in flight and sends requests that
-outgrow the KV cache together (vLLM preempts); then let the requests in flight finish and wait until the server is
-idle. A monitor samples ``/health``, the server process and ``/metrics`` every 2 s throughout
-(``fixtures/load_fault_client.py``); ``fixtures/load_fault_checks.py`` turns it all into the checks.
+Steps: start the server; send the greedy canaries of every class one at a time (the reference: no load, no
+preemption, no abort; ``fixtures/load_fault_canaries.py`` says what each class guards); run the streams
+(``fixtures/load_fault_plan.py``: prompts of held-out token ids, log-uniform in length, half greedy, half sampled,
+half opted out of PFlash, faults with fixed probabilities) and the canaries again beside them until the time is up,
+with pressure rounds in turn: in a host round every stream's next request is a long prompt opted out of PFlash
+(their page-outs exceed the host budget), a KV round waits for the requests in flight and sends requests that
+outgrow the KV cache together (vLLM preempts; some of them are canaries); then let the requests in flight finish
+and wait until the server is idle. A monitor samples ``/health``, the server process and ``/metrics`` every 2 s
+throughout (``fixtures/load_fault_client.py``); ``fixtures/load_fault_checks.py`` turns it all into the checks.
 
 The checks (``checks``) and what they promise are in docs/operations.md, "Load and faults (the suite)". The exit
 status is 1 when any fails. Progress goes to stdout; the JSON (and the server log beside it, ``OUT.serve.log``) is
@@ -40,10 +41,11 @@ from pathlib import Path
 
 from benchmarks.vllm_gpu_common import header
 from fixtures.engine_report import text_metric
+from fixtures.load_fault_canaries import reference_plans, rotation
 from fixtures.load_fault_checks import evaluate
 from fixtures.load_fault_client import Monitor, http_client, read_ledger, send
-from fixtures.load_fault_plan import (PROFILES, Profile, RequestPlan, canaries, host_round_request,
-                                      kv_round_requests, pressure_rounds, stream_plan)
+from fixtures.load_fault_plan import (PROFILES, Profile, RequestPlan, host_round_request, kv_round_requests,
+                                      pressure_rounds, prompt_ids, stream_plan)
 from fixtures.serve_load import scrape
 
 SERVED = "t"
@@ -193,12 +195,12 @@ async def run_load(run: dict, server, profile: Profile, monitor: Monitor, seed: 
     async def one(client, plan, logprobs=False):
         key = id(plan)
         in_flight[key] = plan
-        prompt = list(corpus[plan.offset:plan.offset + plan.prompt_tokens])
         try:
-            out = await send(client, server.base_url, SERVED, plan, prompt, t0, profile.request_timeout_s, logprobs)
+            out = await send(client, server.base_url, SERVED, plan, prompt_ids(plan, corpus), t0,
+                             profile.request_timeout_s, logprobs)
         finally:
             del in_flight[key]
-        if plan.fault == "verify" and out.status == "aborted":
+        if (plan.fault == "verify" and out.status == "aborted") or plan.canary == "drafting":
             out.gate_speculating = monitor.speculating_at(out.ended)
         return out
 
@@ -222,7 +224,7 @@ async def run_load(run: dict, server, profile: Profile, monitor: Monitor, seed: 
             run["outcomes"].append(await one(client, plan))
 
     async def canary_stream(client, first: int):
-        plans, k = canaries(profile, len(corpus)), first
+        plans, k = rotation(profile, len(corpus)), first
         while await next_turn():
             run["canaries"].append(await one(client, plans[k % len(plans)], logprobs=True))
             k += profile.canary_streams
@@ -240,9 +242,10 @@ async def run_load(run: dict, server, profile: Profile, monitor: Monitor, seed: 
             while in_flight and time.monotonic() - began < profile.request_timeout_s:
                 await asyncio.sleep(0.1)
             before = metrics_now(server.base_url)
-            outs = await asyncio.gather(*(one(client, plan) for plan in kv_round_requests(profile, seed, number,
-                                                                                          len(corpus))))
-            run["outcomes"] += outs
+            outs = await asyncio.gather(*(one(client, plan, logprobs=bool(plan.canary))
+                                          for plan in kv_round_requests(profile, seed, number, len(corpus))))
+            run["outcomes"] += [o for o in outs if not o.plan.canary]
+            run["canaries"] += [o for o in outs if o.plan.canary]  # compared with their reference
             after = metrics_now(server.base_url)
             run["kv_rounds"].append({"round": number, "start_s": round(began - t0, 1),
                                      "seconds": round(time.monotonic() - began, 1),
@@ -296,19 +299,36 @@ def run_suite(args, run: dict) -> None:
     print(f"server healthy after {run['timings']['server_start_s']} s", flush=True)
 
     t = time.monotonic()
+    corpus = corpus_ids()
+    plans = reference_plans(profile, args.seed, len(corpus))
+    run["reference_plans"] = [plan.name for plan in plans]
+    by_class = run["timings"]["reference_by_class_s"] = {}
+
+    def gate() -> tuple[float, float]:
+        """The gate's speculating gauge and speculative steps, once every process published its latest (1 s)."""
+        time.sleep(1.5)
+        text = metrics_now(server.base_url)
+        return (text_metric(text, "vllm:luce_dflash_gate_speculating"),
+                text_metric(text, "vllm:luce_dflash_gate_steps_total", mode="spec"))
 
     async def reference():
         client = http_client()
         try:
-            corpus = corpus_ids()
-            for plan in canaries(profile, len(corpus)):  # one at a time: no load, no preemption, no abort
-                prompt = list(corpus[plan.offset:plan.offset + plan.prompt_tokens])
-                run["reference"].append(await send(client, server.base_url, SERVED, plan, prompt, t,
-                                                   profile.request_timeout_s, logprobs=True))
+            for plan in plans:  # one at a time: no load, no preemption, no abort
+                began = time.monotonic()
+                steps = gate()[1] if plan.canary == "drafting" else 0.0
+                out = await send(client, server.base_url, SERVED, plan, prompt_ids(plan, corpus), t,
+                                 profile.request_timeout_s, logprobs=True)
+                if plan.canary == "drafting":
+                    out.gate_speculating, spec = gate()
+                    out.gate_spec_steps = spec - steps
+                run["reference"].append(out)
+                by_class[plan.canary] = round(by_class.get(plan.canary, 0.0) + time.monotonic() - began, 1)
         finally:
             await client.aclose()
 
     asyncio.run(reference())
+    print(f"reference: {len(run['reference'])} canaries, seconds per class {by_class}", flush=True)
     run["before"], _ = wait_idle(server.base_url, IDLE_WAIT_S[args.scale])
     run["ledger_before"] = read_ledger(str(ledger))
     run["timings"]["reference_s"] = round(time.monotonic() - t, 1)

@@ -1,5 +1,5 @@
-"""The load-and-fault suite's pure parts (``benchmarks/load_fault.py``): the seeded workload plan, the label check, the
-client's reading of vLLM's errors and the checks' verdicts on a made-up run."""
+"""The load-and-fault suite's pure parts (``benchmarks/load_fault.py``): the seeded workload plan, the canaries of each
+class, the label check, the client's reading of vLLM's errors and the checks' verdicts on a made-up run."""
 
 import itertools
 import random
@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from fixtures import load_fault_canaries as C
 from fixtures import load_fault_plan as P
 from fixtures.load_fault_checks import evaluate
 from fixtures.load_fault_client import Outcome, error_message, request_body
@@ -49,15 +50,66 @@ def test_faults_greedy_and_opt_outs_come_in_their_shares():
 
 
 @pytest.mark.parametrize("profile", [P.CPU, P.GPU], ids=["cpu", "gpu"])
-def test_canaries_are_where_every_feature_is_lossless(profile):
-    plans = P.canaries(profile, CORPUS)
+def test_short_canaries_are_where_every_feature_is_lossless(profile):
+    plans = C.short_canaries(profile, CORPUS)
     assert len(plans) == len(profile.canaries) and len({p.offset for p in plans}) == len(plans)
+    assert [p.offset for p in plans] == [(k * 104729 + 7) % (CORPUS - n) for k, (n, _) in enumerate(profile.canaries)]
     for plan in plans:
-        assert plan.greedy and plan.fault == "none"
+        assert plan.greedy and plan.fault == "none" and plan.canary == "short"
         assert plan.prompt_tokens < profile.pflash_min_prompt  # PFlash leaves it whole
         assert plan.prompt_tokens + plan.max_tokens + P.DFLASH_DRAFTS < profile.pool_tokens  # never paged out
     with pytest.raises(AssertionError):  # past the pool: KVFlash would page it out
-        P.canaries(replace(P.CPU, canaries=((500, 32),)), CORPUS)
+        C.short_canaries(replace(P.CPU, canaries=((500, 32),)), CORPUS)
+
+
+@pytest.mark.parametrize("profile", [P.CPU, P.GPU], ids=["cpu", "gpu"])
+def test_every_canary_class_reaches_the_feature_it_guards(profile):
+    plans = C.reference_plans(profile, 0, CORPUS)
+    assert {p.canary for p in plans} == set(C.CLASSES)
+    assert len({p.name for p in plans}) == len(plans) and plans == C.reference_plans(profile, 0, CORPUS)
+    corpus = list(range(CORPUS))
+    for plan in plans:
+        assert plan.greedy and plan.fault == "none" and plan.name.startswith(f"{plan.canary}-")
+        assert plan.prompt_tokens + plan.max_tokens + P.DFLASH_DRAFTS < profile.max_model_len
+        assert len(P.prompt_ids(plan, corpus)) == plan.prompt_tokens and plan.offset + plan.prompt_tokens <= CORPUS
+    by = {kind: [p for p in plans if p.canary == kind] for kind in C.CLASSES}
+    for plan in by["long"]:  # several times the pool, opted out: KVFlash pages it out, within the host budget
+        assert 3 * profile.pool_tokens <= plan.prompt_tokens <= 6 * profile.pool_tokens and not plan.pflash
+        assert (plan.prompt_tokens + plan.max_tokens + P.DFLASH_DRAFTS - profile.pool_tokens) / 64 < profile.host_chunks
+    for plan in by["pflash"]:  # eligible and long enough: PFlash compresses it
+        assert plan.pflash and plan.prompt_tokens >= profile.pflash_min_prompt
+    for plan in by["drafting"]:  # a passage twice, then its first tokens: the output repeats the passage
+        ids, n = P.prompt_ids(plan, corpus), plan.passage
+        assert ids[:n] == ids[n:2 * n] == corpus[plan.offset:plan.offset + n] and ids[2 * n:] == ids[:C.LEAD_TOKENS]
+        assert plan.max_tokens <= n - C.LEAD_TOKENS and plan.prompt_tokens < profile.pflash_min_prompt
+        assert plan.prompt_tokens + plan.max_tokens + P.DFLASH_DRAFTS < profile.pool_tokens  # DFlash alone acts
+    assert len(by["long"]) == len(by["pflash"]) == len(by["drafting"]) == 3
+    # The kv canaries are the first requests of each KV round, greedy, with the round's prompts and outputs.
+    kv_rounds = [k for k, (_, kind) in enumerate(P.pressure_rounds(profile)) if kind == "kv"]
+    assert 0 < profile.kv_canaries <= profile.kv_round_requests
+    assert len(by["kv"]) == len(kv_rounds) * profile.kv_canaries
+    for k in kv_rounds:
+        round_ = P.kv_round_requests(profile, 0, k, CORPUS)
+        assert [p for p in round_ if p.canary] == [p for p in by["kv"] if p.number // 100 == k]
+        assert [p.canary for p in round_[:profile.kv_canaries]] == ["kv"] * profile.kv_canaries
+        assert not any(p.canary for p in round_[profile.kv_canaries:])
+    # Marking them changes no prompt or output of the round: the round's arithmetic holds.
+    unmarked = P.kv_round_requests(replace(profile, kv_canaries=0), 0, kv_rounds[0], CORPUS)
+    assert [(p.prompt_tokens, p.offset, p.max_tokens) for p in unmarked] == [
+        (p.prompt_tokens, p.offset, p.max_tokens) for p in P.kv_round_requests(profile, 0, kv_rounds[0], CORPUS)]
+    # The canary streams send every class but kv in turn, each class early.
+    turns = C.rotation(profile, CORPUS)
+    assert [p.canary for p in turns[:4]] == ["short", "long", "pflash", "drafting"]
+    assert sorted(p.name for p in turns) == sorted(p.name for p in plans if p.canary != "kv")
+
+
+def test_canaries_outside_their_class_are_refused():
+    for changes in ({"long_canaries": ((1000, 16),)}, {"long_canaries": ((3500, 16),)},  # under 3x, over 6x the pool
+                    {"pflash_canaries": ((900, 16),)},  # below PFlash's minimum
+                    {"drafting_canaries": ((240, 48),)},  # past the pool
+                    {"drafting_canaries": ((60, 48),)}):  # an output longer than the rest of the passage
+        with pytest.raises(AssertionError):
+            C.reference_plans(replace(P.CPU, **changes), 0, CORPUS)
 
 
 def test_pressure_rounds_alternate_and_each_stream_sends_one_long_opted_out_prompt():
@@ -110,20 +162,30 @@ def test_vllm_errors_are_read_in_both_shapes_and_bodies_carry_the_plan():
     plan = P.RequestPlan(0, 0, "timeout", 100, 0, greedy=False, pflash=False, max_tokens=64, cut_after_s=1.0)
     body = request_body(plan, [5] * 100, "t", logprobs=False)
     assert "stream" not in body and body["vllm_xargs"] == {"luce_pflash": "off"} and body["temperature"] > 0
-    body = request_body(P.canaries(P.CPU, CORPUS)[0], [5] * 40, "t", logprobs=True)
+    body = request_body(C.short_canaries(P.CPU, CORPUS)[0], [5] * 40, "t", logprobs=True)
     assert body["stream"] and body["logprobs"] == 2 and body["temperature"] == 0.0 and "vllm_xargs" not in body
+    body = request_body(C.long_canaries(P.CPU, CORPUS)[0], [5] * 1600, "t", logprobs=True)
+    assert body["vllm_xargs"] == {"luce_pflash": "off"} and body["stream_options"] == {"include_usage": True}
 
 
 IDLE = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n"
 
 
+def pflash_usage(plan, kept=None, outcome="compressed"):
+    kept = int(plan.prompt_tokens * 0.3) if kept is None else kept
+    return {"prompt_tokens_sent": plan.prompt_tokens, "prompt_tokens_kept": kept, "outcome": outcome}
+
+
 def made_up_run(**changes):
-    """A run that passes every check; ``changes`` break one thing each."""
+    """A run that passes every check; ``changes`` break one thing each. Its canaries: every class, the kv ones of
+    the full CPU profile's KV round."""
     profile = P.CPU.scaled(seconds=10)
-    canary = P.canaries(profile, CORPUS)
-    reference = [Outcome(p, status="completed", text=f"out {p.number}", tokens=["out", f" {p.number}"],
-                         top2=[[-0.1, -3.0], [-0.1, -3.0]]) for p in canary]
-    under_load = [Outcome(p, status="completed", text=f"out {p.number}") for p in canary]
+    canary = C.reference_plans(P.CPU, 0, CORPUS)
+    reference = [Outcome(p, status="completed", text=f"out {p.name}", tokens=["out", f" {p.name}"],
+                         top2=[[-0.1, -3.0], [-0.1, -3.0]], gate_speculating=1.0 if p.canary == "drafting" else None,
+                         luce_pflash=pflash_usage(p) if p.canary == "pflash" else None) for p in canary]
+    under_load = [Outcome(p, status="completed", text=f"out {p.name}",
+                          luce_pflash=pflash_usage(p) if p.canary == "pflash" else None) for p in canary]
     rng = random.Random(0)
     outcomes = []
     for fault in P.FAULTS:
@@ -135,7 +197,8 @@ def made_up_run(**changes):
     monitor = SimpleNamespace(samples=[{"t": 1.0, "health": 200, "alive": True}], health_failures=[],
                               halfway_text=SCRAPE)
     run = {"profile_obj": profile, "monitor": monitor, "before": before, "after": after, "outcomes": outcomes,
-           "canaries": under_load, "reference": reference, "finished": True, "ledger_before": {"pinned": 0},
+           "canaries": under_load, "reference": reference, "reference_plans": [p.name for p in canary],
+           "finished": True, "ledger_before": {"pinned": 0},
            "ledger_after": {"pinned": 0, "pageable": 0}}
     run.update(changes)
     return run
@@ -149,9 +212,6 @@ def test_a_clean_run_passes_and_each_broken_promise_fails_its_check():
     run = made_up_run()
     run["outcomes"][0].status, run["outcomes"][0].error = "failed", "HTTP 500: engine dead"
     assert not evaluate(run, "")[1]["every_request_completed_or_refused_clearly"]["ok"]
-    run = made_up_run()
-    run["canaries"][2].text = "something else"  # differs where the reference's top-2 gap is 2.9 nats
-    assert not evaluate(run, "")[1]["canaries_equal_the_reference"]["ok"]
     for counter, name in (("host_budget_drops", "no_chunk_dropped_or_lost"), ("lost_chunks", "no_chunk_dropped_or_lost"),
                           ("host_over_reserved_chunks", "host_memory_within_reservations")):
         run = made_up_run(after=made_up_run()["after"] + f'vllm:luce_kvflash_{counter}_total{{rank="0"}} 2\n')
@@ -174,3 +234,65 @@ def test_a_clean_run_passes_and_each_broken_promise_fails_its_check():
     no_cancel = made_up_run(after=made_up_run()["after"].replace('outcome="cancelled"} 1', 'outcome="cancelled"} 0'))
     assert "no PFlash pass cancelled" in evaluate(no_cancel, "")[1]["every_fault_phase_hit"]["detail"]
     assert not evaluate(made_up_run(interrupted="SIGTERM", finished=False), "")[1]["ran_to_the_end"]["ok"]
+
+
+def canary(run, name):
+    return next(o for o in run["canaries"] if o.plan.name == name)
+
+
+def test_canaries_are_compared_class_by_class():
+    summary, checks, _ = evaluate(made_up_run(), log="")
+    table = summary["canaries"]
+    assert set(table) == {*C.CLASSES, "total"} and table["total"]["mismatches"] == 0
+    assert table["short"] == {"references": 6, "under_load": 6, "greedy_compared": 6, "identical": 6, "near_tie": 0,
+                              "mismatches": 0}
+    assert table["kv"]["greedy_compared"] == P.CPU.kv_canaries and table["pflash"]["kept_as_reference"] == 3
+    assert table["drafting"]["reference_speculating_at_end"] == 3
+    assert table["total"]["greedy_compared"] == len(C.reference_plans(P.CPU, 0, CORPUS))
+    assert "long: 3 identical, 0 first differ at a near-tie, 0 mismatches of 3" in checks[
+        "paged_canaries_equal_the_reference"]["detail"]
+    assert "short: 6 identical" in checks["canaries_equal_the_reference"]["detail"]
+
+    for name in ("short-canary2", "long-canary1", "pflash-canary0", "drafting-canary2", "kv-canary101"):
+        run = made_up_run()
+        canary(run, name).text = "something else"  # differs where the reference's top-2 gap is 2.9 nats
+        summary, checks, details = evaluate(run, "")
+        kind = name.split("-")[0]
+        failing, other = ("paged_canaries_equal_the_reference", "canaries_equal_the_reference")[::1 if kind in (
+            "long", "pflash") else -1]
+        assert not checks[failing]["ok"] and checks[other]["ok"], name
+        assert summary["canaries"][kind]["mismatches"] == 1 and summary["canaries"]["total"]["mismatches"] == 1
+        assert f"{kind}: request {name}: differs at token 0" in checks[failing]["detail"]
+        assert details["canary_mismatches"][0].startswith(f"{kind}: request {name}")
+
+    run = made_up_run()  # a first difference where the reference's top two are within 0.25 nats: a near-tie
+    reference = next(o for o in run["reference"] if o.plan.name == "long-canary0")
+    reference.top2[1] = [-0.6, -0.7]
+    canary(run, "long-canary0").text = "out something else"
+    summary, checks, _ = evaluate(run, "")
+    assert checks["paged_canaries_equal_the_reference"]["ok"] and summary["canaries"]["long"]["near_tie"] == 1
+
+
+def test_a_class_that_was_never_compared_or_lost_a_reference_fails():
+    run = made_up_run()
+    run["canaries"] = [o for o in run["canaries"] if o.plan.canary != "drafting"]
+    failed = evaluate(run, "")[1]["canaries_equal_the_reference"]
+    assert not failed["ok"] and "drafting: no run under load compared" in failed["detail"]
+    run = made_up_run()
+    run["reference"] = [o for o in run["reference"] if o.plan.name != "long-canary2"]
+    failed = evaluate(run, "")[1]["paged_canaries_equal_the_reference"]
+    assert not failed["ok"] and "reference of long-canary2 not completed" in failed["detail"]
+    run = made_up_run()
+    next(o for o in run["reference"] if o.plan.canary == "pflash").luce_pflash["outcome"] = "deadline"
+    assert "references not all compressed" in evaluate(run, "")[1]["paged_canaries_equal_the_reference"]["detail"]
+
+
+def test_a_pflash_run_shed_under_load_is_counted_apart_not_compared():
+    run = made_up_run()
+    shed = canary(run, "pflash-canary1")
+    shed.luce_pflash, shed.text = pflash_usage(shed.plan, kept=shed.plan.prompt_tokens, outcome="deadline"), "other"
+    summary, checks, _ = evaluate(run, "")
+    row = summary["canaries"]["pflash"]
+    assert checks["paged_canaries_equal_the_reference"]["ok"] and row["greedy_compared"] == 2
+    assert row["kept_as_reference"] == 2 and row["kept_differs"] == [
+        f"pflash-canary1: kept 1700 (deadline), reference {int(1700 * 0.3)}"]
