@@ -1,7 +1,7 @@
 """The load-and-fault suite at CPU scale (``python -m benchmarks.load_fault --scale cpu``) through a real `vllm serve`
 with DFlash, KVFlash and PFlash on: 8 streams for 60 s, client disconnects and aborts in every phase, a KV cache of 106
-blocks (vLLM preempts), a host budget of 40 chunks (requests are held back), greedy canaries of every class (short,
-long, pflash, drafting, kv) against the same canaries run alone. Every check of the suite must pass but one:
+blocks (vLLM preempts), a host budget of 40 chunks (requests are held back), greedy canaries of every class but kv
+(short, long, pflash, drafting) against the same canaries run alone. Every check of the suite must pass but one:
 ``paged_canaries_equal_the_reference`` (long and pflash canaries, whose context KVFlash pages) is a known failure, its
 classes compared and reported here; what each check promises is in docs/operations.md, "Load and faults (the suite)".
 It takes a few minutes in CI."""
@@ -55,6 +55,6 @@ def test_the_load_reached_every_pressure_the_suite_promises(report):
     assert summary["host_page_outs"] > 0 and summary["pflash_outcomes"].get("compressed", 0) > 0
     canaries = summary["canaries"]
     print(json.dumps(canaries, indent=1))
-    assert set(canaries) == {"short", "long", "pflash", "drafting", "kv", "total"}, canaries
+    assert set(canaries) == {"short", "long", "pflash", "drafting", "total"}, canaries  # kv: the GPU profile's
     assert all(row["greedy_compared"] > 0 for row in canaries.values()), canaries
-    assert all(canaries[kind]["mismatches"] == 0 for kind in ("short", "drafting", "kv")), canaries
+    assert all(canaries[kind]["mismatches"] == 0 for kind in ("short", "drafting")), canaries
