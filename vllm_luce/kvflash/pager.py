@@ -305,9 +305,13 @@ class RequestPager:
     def check_host_reservation(self, reserved_now: int) -> int:
         """After a step: the host chunks the scheduler reserved for this request's length and KV blocks this step
         (``admission.AdmissionConfig.host_chunks``); a reservation is the most a request has needed. Returns the
-        host chunks beyond it (counted in ``stats.host_over_reserved``): 0 unless the pager and scheduler disagree."""
+        host chunks beyond it (counted in ``stats.host_over_reserved``, logged once): 0 unless the pager and scheduler
+        disagree."""
         self.reserved_host_chunks = max(self.reserved_host_chunks, reserved_now)
         over = max(0, len(self.host) - self.reserved_host_chunks)
+        if over and not self.stats.host_over_reserved:  # the request's first step over: logged once
+            logger.error("KVFlash: request %s holds %d chunks in host memory, %d more than the scheduler reserved "
+                         "for %d tokens", self.req_id, len(self.host), over, self.num_tokens)
         self.stats.host_over_reserved += over
         return over
 

@@ -207,8 +207,8 @@ class KVFlashRuntime:
                 prompt_end = hi - lo == 1 and start + 1 == int(num_prompt_tokens[r])
                 offsets = pager.prepare(start, hi - lo, self.policy, decoded=decoded, prompt_end=prompt_end)
                 slots[lo:hi] = pager.store.slots(offsets)
-                if self.selection != "sfi":
-                    self._check_reservation(pager)
+                if self.selection != "sfi":  # what the scheduler reserved for its length and block row
+                    pager.check_host_reservation(self.tiers.host_chunks(pager.num_tokens, len(pager.store.row)))
             self.resident_lens[r] = pager.resident_tokens()
             self.skip_blocks[r] = pager.skipped_tokens() // self.block_size
         self.step_req_ids = list(req_ids)
@@ -218,15 +218,6 @@ class KVFlashRuntime:
         if self._rows is not None:
             self._load_rows()
         return slots
-
-    def _check_reservation(self, pager: RequestPager) -> None:
-        """The host chunks a request holds after its step within what the scheduler reserved for it: the same
-        ``AdmissionConfig.host_chunks`` of its length and block row (the scheduler reserves before the step)."""
-        over = pager.check_host_reservation(self.tiers.host_chunks(pager.num_tokens, len(pager.store.row)))
-        if over and over == pager.stats.host_over_reserved:  # the request's first step over: logged once
-            logger.error("%s: KVFlash: request %s holds %d chunks in host memory, %d more than the scheduler reserved "
-                         "for %d tokens and %d blocks", tag(), pager.req_id, len(pager.host), over, pager.num_tokens,
-                         len(pager.store.row))
 
     def observe_queries(self, layer: int, query: torch.Tensor) -> None:
         """Called by each pooled layer with its post-RoPE queries [tokens, q_heads, head] (QK, attention): the

@@ -36,7 +36,7 @@ class Realigner:
 
     def __init__(self, layers: list[tuple[torch.Tensor, torch.Tensor, int, int]], conv_dim_first: bool):
         self.layers, self.conv_dim_first = layers, conv_dim_first
-        conv = layers[0][0] if layers else torch.empty(0)
+        conv = layers[0][0]  # ``of`` builds one only with Gated DeltaNet layers
         self.kept = torch.ones(conv.shape[0], dtype=torch.int32, device=conv.device)
         self.previous: frozenset[str] = frozenset()  # the requests of the latest step
         self.verified: dict[str, bool] = {}  # request -> whether its latest step verified drafts
