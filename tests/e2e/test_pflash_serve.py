@@ -4,11 +4,12 @@ untouched requests, the scoring queue's bound and cancellation, and labels only 
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
-import httpx
 import pytest
 
 from fixtures.engine_report import text_metric
@@ -183,28 +184,57 @@ def test_beyond_the_queue_limit_prompts_complete_uncompressed_and_are_counted(se
     assert text_metric(text, "vllm:luce_pflash_queue_depth") == 0
 
 
+def _on_the_api_server(server) -> tuple[float, float]:
+    """(requests waiting on a scoring answer, prompts compressed): the API server's own values, current at every
+    scrape (rank 0's queue values lag up to PUBLISH_EVERY_S)."""
+    text = scrape(server.base_url)
+    return (text_metric(text, "vllm:luce_pflash_waiting_requests"),
+            text_metric(text, "vllm:luce_pflash_prompts_total", outcome="compressed"))
+
+
+def _wait_for(condition, what: str, timeout: float = 60.0):
+    deadline = time.time() + timeout
+    while not (found := condition()):
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)
+    return found
+
+
 def test_a_client_that_disconnects_while_its_prompt_is_queued_leaves_nothing_held(server, client, cases):
-    """Two longer prompts keep the scorer busy; a third client gives up (a read timeout closes its connection) while
-    its prompt waits behind them. Its pass is cancelled, rank 0's queue ends up holding nothing, and the server
-    goes on answering."""
+    """Two longer prompts keep the scorer busy; a third client goes away (closes its connection) while its prompt
+    waits behind them. Its pass is cancelled, rank 0's queue ends up holding nothing, and the server goes on
+    answering. Every step waits on the API server's state, never on a host's speed: the worker scores one prompt at a
+    time in submission order, so once both fillers are in, the third waits until both are answered."""
     case = cases[0]
     before = _before(server)
+    compressed_before = text_metric(before, "vllm:luce_pflash_prompts_total", outcome="compressed")
     body = {"model": "tiny", "prompt": case.prompt, "max_tokens": 2, "temperature": 0}
-    # 1.75x the case's tokens (within max_model_len): two scoring passes of that length queue the third prompt well
-    # past the moment its client gives up (0.45 s after the fillers start)
+    # 1.75x the case's tokens (within max_model_len): the longest passes the server takes
     filler = {**body, "prompt": case.prompt + case.prompt[: len(case.prompt) * 3 // 4]}
+
+    def waiting_once(arrived: int) -> tuple[float] | None:
+        """(requests waiting on their pass,) once ``arrived`` requests reached the scorer (waiting, or compressed)."""
+        waiting, compressed = _on_the_api_server(server)
+        return (waiting,) if waiting + compressed - compressed_before == arrived else None
+
     with ThreadPoolExecutor(2) as pool:
         fillers = [pool.submit(client.completions.create, **filler) for _ in range(2)]
-        time.sleep(0.15)
-        with pytest.raises(httpx.ReadTimeout):
-            httpx.post(server.base_url + "/completions", json=body, timeout=httpx.Timeout(30, read=0.3))
+        _wait_for(lambda: waiting_once(2), "both fillers to reach the scorer")
+        url = urllib.parse.urlsplit(server.base_url)
+        payload = json.dumps(body).encode()
+        with socket.create_connection((url.hostname, url.port)) as third:
+            third.sendall(f"POST {url.path}/completions HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                          f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\n\r\n".encode() + payload)
+            (waiting,) = _wait_for(lambda: waiting_once(3), "the third request to reach the scorer")
+            # Answered, it would leave no filler waiting (theirs end first): any request waiting puts it in the queue
+            assert waiting >= 1, "the three passes ended before the third client could go away"
         assert all(f.result().choices[0].finish_reason == "length" for f in fillers)
-    compressed_before = text_metric(before, "vllm:luce_pflash_prompts_total", outcome="compressed")
-    assert _prompts(server, "compressed") == compressed_before + 2  # the fillers were scored
     cancelled_before = text_metric(before, "vllm:luce_pflash_prompts_total", outcome="cancelled")
-    assert _prompts(server, "cancelled") == cancelled_before + 1
+    _wait_for(lambda: _prompts(server, "cancelled") == cancelled_before + 1, "the third pass to be cancelled")
+    assert _prompts(server, "compressed") == compressed_before + 2  # the fillers were scored
     text = _queue_settled(server, text_metric(before, "vllm:luce_pflash_queued_prompts_total") + 3)
     assert text_metric(text, "vllm:luce_pflash_queue_depth") == 0  # the cancelled ticket is gone from the worker
+    assert text_metric(text, "vllm:luce_pflash_waiting_requests") == 0
     assert "went away while its prompt was queued or scored" in server.log_text()
     after = client.completions.create(**body)
     assert after.usage.prompt_tokens < case.prompt_tokens  # and the next long prompt is compressed as before

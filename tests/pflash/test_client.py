@@ -61,6 +61,11 @@ def outcomes():
             if name == "pflash_prompts" and dict(labels).get("model_name") == MODEL}
 
 
+def waiting():
+    """The API server's gauge of requests waiting on a scoring answer."""
+    return metrics.STORE.values["gauge"].get(("pflash_waiting_requests", (("model_name", MODEL),)))
+
+
 async def settle(engine, seconds=0.1):
     """Let the poller run its next calls."""
     await asyncio.sleep(seconds)
@@ -79,13 +84,14 @@ def test_one_poller_asks_for_every_waiting_prompt_in_one_call_while_other_corout
 
         tasks = [asyncio.create_task(client.score(f"r{i}", [i] * 10)) for i in range(8)]
         await asyncio.gather(other_request(), settle(engine, 0.3))
-        polls = engine.polls()
+        polls, held = engine.polls(), waiting()
         for _ in range(8):
             engine.end_pass()
         answers = await asyncio.gather(*tasks)
-        return answers, polls, ticks, engine
+        return answers, polls, ticks, engine, held
 
-    answers, polls, ticks, engine = asyncio.run(main())
+    answers, polls, ticks, engine, held = asyncio.run(main())
+    assert held == 8 and waiting() == 0
     assert [a["token_ids"] for a in answers] == [[i, i] for i in range(8)]
     assert len({tuple(sorted(tickets)) for tickets, _ in polls[1:]}) == 1 and len(polls[-1][0]) == 8
     # polling every 5 ms per prompt made ~480 calls in these 0.3 s; one poller backing off makes a few dozen
@@ -137,7 +143,7 @@ def test_a_request_that_goes_away_cancels_its_pass_and_the_worker_holds_nothing(
 
     engine, cancelled = asyncio.run(main())
     sent = [c for _, cancels in engine.polls() for c in cancels]
-    assert cancelled == 1 and len(sent) == 1 and sent[0].startswith("r0-")
+    assert cancelled == 1 and len(sent) == 1 and sent[0].startswith("r0-") and waiting() == 0
     assert engine.queue.accepted == 1 and engine.queue.held == 0
 
 

@@ -79,6 +79,9 @@ CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
                            "Prompts the scoring queue holds: waiting, being scored, or scored and not yet collected by "
                            "the API server (at most a poll, 5-50 ms)."),
     "pflash_queued_prompts": ("counter", (), "Prompts the scoring queue took."),
+    "pflash_waiting_requests": ("gauge", (),
+                                "Requests the API server holds until their scoring pass answers: queued on rank 0 or "
+                                "being scored (the API server's own count, current at every scrape)."),
     "pflash_queue_wait_seconds": ("counter", (),
                                   "Time prompts waited in the scoring queue before their pass started, or until they "
                                   "left it unscored (mean wait = this / queued_prompts)."),

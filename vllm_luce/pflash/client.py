@@ -15,6 +15,7 @@ import asyncio
 import uuid
 from typing import Any
 
+from vllm_luce import metrics
 from vllm_luce.log import logger, tag
 from vllm_luce.pflash import frontend
 from vllm_luce.pflash.scoring_queue import poll_delay
@@ -73,12 +74,17 @@ class ScoringClient:
             return QUEUE_FULL
         answer = asyncio.get_running_loop().create_future()
         self.pending[ticket] = answer
+        self._count_waiting()
         self._ensure_poller()
         return await answer
+
+    def _count_waiting(self) -> None:
+        metrics.set_gauge("pflash_waiting_requests", len(self.pending), **frontend.labels_of(self.engine))
 
     def _cancel(self, ticket: str) -> None:
         """Forget ``ticket`` here and cancel it on the worker at the next poll, which comes at once."""
         self.pending.pop(ticket, None)
+        self._count_waiting()
         self.cancels.append(ticket)
         self._ensure_poller()
         self._wake.set()
@@ -90,6 +96,7 @@ class ScoringClient:
         if self._loop is not loop:
             self.cancels += list(self.pending)
             self.pending.clear()
+            self._count_waiting()
             self._loop, self._wake, self._poller = loop, asyncio.Event(), None
 
     def _ensure_poller(self) -> None:
@@ -114,6 +121,7 @@ class ScoringClient:
                 waiting = self.pending.pop(ticket, None)
                 if waiting is not None and not waiting.done():
                     waiting.set_result(answer)
+            self._count_waiting()
             if answers:
                 quiet_since = loop.time()
             if self.pending and not self.cancels:

@@ -66,10 +66,10 @@ def count(engine: Any, outcome: str) -> None:
     """One prompt more with ``outcome``, a value of the fixed set PFLASH_OUTCOMES."""
     if outcome not in PFLASH_OUTCOMES:
         raise ValueError(f"PFlash: outcome {outcome!r} is not one of {PFLASH_OUTCOMES}")
-    metrics.inc("pflash_prompts", outcome=outcome, **_labels(engine))
+    metrics.inc("pflash_prompts", outcome=outcome, **labels_of(engine))
 
 
-def _labels(engine: Any) -> dict[str, str]:
+def labels_of(engine: Any) -> dict[str, str]:
     return {"model_name": metrics.model_name(getattr(engine, "vllm_config", None))}
 
 
@@ -85,7 +85,7 @@ def first_answer(results: list[Any]) -> dict[str, Any] | None:
 def compress(prompt: dict, answer: dict[str, Any] | None, request_id: str, engine: Any = None) -> tuple[dict, str]:
     """The prompt to send and its outcome, counted: the kept tokens ("compressed"), or the original if the prompt was
     not scored ("queue_full", "deadline"), scoring failed ("failed"), or it kept everything ("kept")."""
-    labels = _labels(engine)
+    labels = labels_of(engine)
     if answer is None or "error" in answer:
         count(engine, "failed")
         if answer is not None:
