@@ -179,6 +179,8 @@ def kvflash_lines(luce: LuceConfig, architectures: list[str], text: dict, max_mo
         return lines + ["  SFI: every block stays resident; decode attends to the pool, no host memory is used"]
     lines.append(f"  step budget: at most {cfg.max_step_tokens} tokens a step (the scheduler's token budget and "
                  "long_prefill_token_threshold are capped to it)")
+    lines.append(f"  a paged prompt prefills in steps of at most {cfg.epoch_tokens} tokens, and a paged request's "
+                 "steps end where KVFlash decides (docs/kvflash.md)")
     worker_chunk, shape = chunk_bytes_estimate(text, cfg.chunk_tokens, tensor_parallel)
     engine_chunk = tensor_parallel * worker_chunk
     lines.append(f"  one chunk: about {size(worker_chunk)} on each of the {tensor_parallel} workers ({shape}; "

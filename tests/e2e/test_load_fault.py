@@ -1,10 +1,10 @@
 """The load-and-fault suite at CPU scale (``python -m benchmarks.load_fault --scale cpu``) through a real `vllm serve`
 with DFlash, KVFlash and PFlash on: 8 streams for 60 s, client disconnects and aborts in every phase, a KV cache of 106
 blocks (vLLM preempts), a host budget of 40 chunks (requests are held back), greedy canaries of every class but kv
-(short, long, pflash, drafting) against the same canaries run alone. Every check of the suite must pass but one:
-``paged_canaries_equal_the_reference`` (long and pflash canaries, whose context KVFlash pages) is a known failure, its
-classes compared and reported here; what each check promises is in docs/operations.md, "Load and faults (the suite)".
-It takes a few minutes in CI."""
+(short, long, pflash, drafting) against the same canaries run alone. Every check of the suite must pass, the paged
+canaries' included (long and pflash canaries, whose context KVFlash pages: its decisions fall at positions fixed by
+the request alone); what each check promises is in docs/operations.md, "Load and faults (the suite)". It takes a few
+minutes in CI."""
 
 from __future__ import annotations
 
@@ -32,16 +32,10 @@ def report(tmp_path_factory):
         errors="replace")}
 
 
-# A paged context's greedy tokens depend on which chunks were resident when each of its steps ran, so on how the
-# scheduler cut its prefill and decode into steps, which other requests change: on CPU the long and pflash canaries
-# part from their references at 0.4-1.1-nat top-2 gaps, and a server alone with another step budget gives the same
-# answers (docs/operations.md, "Known failure"). The check runs and reports; it is not yet met.
-KNOWN_FAILURES = {"paged_canaries_equal_the_reference"}
-
 
 def test_every_check_of_the_suite_passes(report):
     failed = {name: check["detail"] for name, check in report["checks"].items()
-              if not check["ok"] and name not in KNOWN_FAILURES}
+              if not check["ok"]}
     assert failed == {}, json.dumps(failed, indent=1) + "\nserver log tail:\n" + report["log"][-3000:]
     assert report["exit"] == (0 if report["passed"] else 1)
 

@@ -1,6 +1,7 @@
 """KVFlash's query window (``query_window.py``), pure torch: the window's rows keep each query head's tokens next
-to each other so that policies group them as they group heads; the runtime hands a prefill step's last tokens and
-then each decode step's token to the pager; a salient key the window points at lifts its chunk."""
+to each other so that policies group them as they group heads; rejected drafts leave it; the runtime hands a prefill
+step's last tokens and then each token before a decision position to the pager; a salient key the window points at
+lifts its chunk."""
 
 from types import SimpleNamespace
 
@@ -13,23 +14,50 @@ from vllm_luce.kernels.chunk_salient import row_bytes, salient_decode, salient_s
 from vllm_luce.kernels.chunk_salient.naive import pack_int4
 from vllm_luce.kvflash.pager import PagerConfig, RequestPager, TensorStore
 from vllm_luce.kvflash.policies import make_policy
-from vllm_luce.kvflash.query_window import push_queries, window_rows
+from vllm_luce.kvflash.query_window import push_queries, trim_queries, window_rows
 
 
 def test_a_window_of_one_is_the_latest_tokens_queries():
-    pager = SimpleNamespace()
+    pager = SimpleNamespace(num_tokens=5)
     q = torch.randn(5, 2, 4, 8)
     push_queries(pager, q, 1)
     assert torch.equal(pager.queries, q[-1])
 
 
+def test_rejected_drafts_leave_the_window_and_the_rows_kept_for_them_fill_it():
+    """A verify step of 1 + 4 tokens hands 8 + 4 rows; 3 drafts rejected, the window is the 8 tokens before the
+    next step's start, as if the request had decoded one token a step."""
+    pager = SimpleNamespace(num_tokens=0)
+    prompt = torch.randn(20, 1, 2, 4)
+    pager.num_tokens = 20
+    push_queries(pager, prompt, 8, keep=12)
+    verify = torch.randn(5, 1, 2, 4)
+    pager.num_tokens = 25
+    push_queries(pager, verify, 8, keep=12)
+    trim_queries(pager, 22)  # positions 22-24 rejected
+    assert pager.query_end == 22 and torch.equal(pager.query_tokens[-8:], torch.cat([prompt, verify])[14:22])
+    assert pager.queries.shape == (1, 2 * 8, 4)
+    trim_queries(pager, 0)  # a restart: nothing is left
+    assert pager.query_tokens is None and pager.queries is None
+
+
+def test_rows_that_do_not_adjoin_those_held_replace_them():
+    pager = SimpleNamespace(num_tokens=10)
+    push_queries(pager, torch.randn(10, 1, 2, 4), 8)
+    pager.num_tokens = 30  # steps 10-28 handed nothing (far from a decision)
+    latest = torch.randn(1, 1, 2, 4)
+    push_queries(pager, latest, 8)
+    assert torch.equal(pager.query_tokens, latest) and pager.query_end == 30
+
+
 def test_the_window_keeps_the_last_tokens_each_heads_rows_adjacent():
-    pager = SimpleNamespace()
+    pager = SimpleNamespace(num_tokens=3)
     q = torch.randn(3, 2, 4, 8)  # 3 tokens, 2 layers, 4 query heads
     push_queries(pager, q, 4)
     assert pager.queries.shape == (2, 12, 8)
     assert torch.equal(pager.queries[1, 2 * 3 + 1], q[1, 1, 2])  # head 2's token 1 at row 2 * 3 + 1
     more = torch.randn(2, 2, 4, 8)  # two more tokens: the window keeps the last 4 of the 5
+    pager.num_tokens = 5
     push_queries(pager, more, 4)
     assert torch.equal(pager.query_tokens, torch.cat([q[1:], more]))
     assert torch.equal(pager.queries[0, 3 * 4 + 3], more[1, 0, 3])
@@ -50,7 +78,7 @@ def test_window_rows_take_each_requests_last_tokens_and_skip_decode_steps():
     assert window_rows(np.array([0, 200]), 1, 1) is None
 
 
-def test_the_runtime_hands_a_prefills_last_tokens_then_each_decoded_token_to_the_pager():
+def test_the_runtime_hands_a_prefills_last_tokens_then_each_token_before_a_decision_to_the_pager():
     from vllm_luce.kvflash.worker_v2 import bind_v2
 
     runner, _ = fake_runner()
@@ -61,7 +89,7 @@ def test_the_runtime_hands_a_prefills_last_tokens_then_each_decoded_token_to_the
     layer = runner.compilation_config.static_forward_context["pooled"]
     builder = runner.attn_groups[1][0].metadata_builders[0]
     seen = []
-    for start, n in ((0, 200), (200, 1), (201, 1)):
+    for start, n in ((0, 252), (252, 1), (253, 1)):  # the tokens before a decision (256)
         step(runner, start, n)  # hands the previous step's queries to the pager, then plans this one
         if seen:
             expected = torch.cat(seen)[-4:].float()  # the last 4 tokens run so far
@@ -69,7 +97,7 @@ def test_the_runtime_hands_a_prefills_last_tokens_then_each_decoded_token_to_the
         builder.build(0, CM(1, torch.tensor([start + n]), start + n, n))
         seen.append(torch.randn(n, 4, D))
         layer.impl.forward(layer, seen[-1], None, None, None, SimpleNamespace(num_actual_tokens=n), None)
-    step(runner, 202, 1)
+    step(runner, 254, 1)
     pager = runtime.pagers["r"]
     assert torch.equal(pager.query_tokens[:, 0], torch.cat([seen[0][-2:], seen[1], seen[2]]).float())
     assert pager.queries.shape == (1, 4 * 4, D)

@@ -178,7 +178,7 @@ def test_what_attention_and_query_capture_touch_keeps_its_address_from_step_to_s
     layer = runner.compilation_config.static_forward_context["pooled"]
     builder = runner.attn_groups[1][0].metadata_builders[0]
     seen, kept = [], []  # kept: each step's metadata stays alive, so a tensor made per step gets a new address
-    for start, n in ((0, 200), (200, 1), (201, 1)):
+    for start, n in ((0, 252), (252, 1), (253, 1)):  # the tokens before a decision (256)
         step(runner, start, n)
         built = builder.build(0, CM(1, torch.tensor([start + n, 7]), start + n, n))
         assert built.seq_lens.tolist() == [runtime.pagers["r"].resident_tokens(), 7]
@@ -187,7 +187,7 @@ def test_what_attention_and_query_capture_touch_keeps_its_address_from_step_to_s
         layer.impl.forward(layer, query, None, None, None, SimpleNamespace(num_actual_tokens=n), None)
         seen.append((built.seq_lens.data_ptr(), runtime._rows.data_ptr(), runtime._queries[0].data_ptr(), query[-1]))
     assert len({s[:3] for s in seen}) == 1, seen
-    step(runner, 202, 1)  # the next step hands the last one's queries to the pager
+    step(runner, 254, 1)  # the next step hands the last one's queries to the pager
     assert torch.equal(runtime.pagers["r"].query_tokens[-1, 0], seen[-1][3].float())  # the newest in the window
 
 

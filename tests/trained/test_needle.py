@@ -82,11 +82,10 @@ def test_reselection_outputs_follow_the_pagers_interval():
     from vllm_luce.kvflash.pager import PagerConfig
 
     steps = reselection_outputs(PagerConfig(pool_tokens=512), 2048, 300)
-    # after the prompt-end reselection: every max(16, tokens // 45) decoded tokens
-    expected, since = [], 0
+    # after the prompt-end reselection: at every multiple of the largest power of two up to max(16, position / 45)
+    expected = []
     for i in range(300):
-        since += 1
-        if since >= max(16, (2048 + i + 1) // 45):
+        interval = 1 << (max(16, (2048 + i) // 45).bit_length() - 1)
+        if i > 0 and (2048 + i) % interval == 0:
             expected.append(i)
-            since = 0
-    assert steps == expected and steps[0] == 45
+    assert steps == expected and steps[:2] == [32, 64]

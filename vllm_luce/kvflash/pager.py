@@ -10,14 +10,14 @@ The pool is kept **compacted**: resident chunks sit in logical order at pool pos
 over the pool is then ordinary paged attention over ``resident_tokens()`` tokens: causal order,
 sliding windows (covered by the recent tail) and chunked prefill (new tokens are always the last
 ones) all hold, so vLLM's own attention kernels serve the pool unchanged. The price is moving
-chunks when the set changes; that happens at most once per chunk of new tokens and at each
-reselection (every ``tau`` decoded tokens), and costs one pass over the pool.
+chunks when the set changes; that happens at the decision positions of ``decisions.py`` (fixed by the request
+alone: prefill epochs, the prompt's end, chunk boundaries and reselections while decoding), and costs one pass over
+the pool.
 
 Never evicted: the first ``sink_chunks`` chunks (attention sinks) and the recent tail (the last
 ``recent_chunks`` chunks, or more if a sliding window needs them, including the chunks being
 written). A policy (``policies.py``) ranks the rest. Reselection (page in the best-scored host
-chunks in place of worse resident ones) is due every ``tau = max(tau_min, history / 45)``
-decoded tokens.
+chunks in place of worse resident ones) comes about every ``history / 45`` decoded tokens (``tau_min`` at least).
 
 Page-out happens on eviction, not by write-through: a chunk is copied to the host once, when it
 leaves the pool, and most chunks of a long context never leave it twice. Write-through would copy
@@ -45,7 +45,11 @@ from typing import Callable, Protocol
 
 import torch
 
+from vllm_luce.kvflash.decisions import Decisions
+from vllm_luce.kvflash.query_window import trim_queries
 from vllm_luce.log import logger
+
+UNKNOWN_PROMPT = 2 ** 62  # a prompt whose end has not come yet
 
 
 class KVFlashConfigError(ValueError):
@@ -89,6 +93,12 @@ class PagerConfig:
     @property
     def min_pool_chunks(self) -> int:
         return self.sink_chunks + self.recent_tail_chunks + 1
+
+    @property
+    def epoch_tokens(self) -> int:
+        """Tokens between two prefill decisions (``decisions.py``): those whose chunks fit beside the sinks and the
+        recent tail before them, with one chunk to spare for the partial one."""
+        return max(1, self.pool_chunks - self.sink_chunks - self.recent_tail_chunks - 1) * self.chunk_tokens
 
     @property
     def max_step_tokens(self) -> int:
@@ -165,6 +175,7 @@ class PagerStats:
     bytes_in: int = 0  # bytes copied back from host memory
     moves: int = 0
     reselections: int = 0
+    uncut_decisions: int = 0  # decision positions a step spanned: decided at its start, so its tokens may follow the cut
     dropped: int = 0  # chunks discarded because the host budget was spent (host_full "drop" only)
     lost: int = 0  # chunks of a context found in no tier and not dropped (or in two): a bug, logged where found
     host_over_reserved: int = 0  # host chunks beyond what the scheduler reserved for the request, summed over steps
@@ -188,12 +199,16 @@ class RequestPager:
     # host_full "drop" only: asked before each host page-out with the chunk's bytes; False drops the chunk.
     host_allowance: Callable[[int], bool] | None = None
     stats: PagerStats = field(default_factory=PagerStats)
-    decoded_since_reselect: int = 0
-    reselected: bool = False  # a reselection point passed (with or without chunks to choose from)
+    prompt_tokens: int | None = None  # set by the worker; else learnt from ``prepare``'s decoded or prompt_end
+    next_reselect: int = -1  # the next reselection position (``decisions.py``); -1: found at the next step
+    _decisions: Decisions | None = None
+    reselected: bool = False  # a reselection position passed (with or without chunks to choose from)
     last_used: dict[int, int] = field(default_factory=dict)  # logical chunk -> token count when last used
     summaries: dict[int, torch.Tensor] = field(default_factory=dict)  # chunk -> its summary (the policy's form)
     queries: torch.Tensor | None = None  # [layers, q_heads, head_dim] of the latest token(s) (query_window.py)
     query_tokens: torch.Tensor | None = None  # [tokens, layers, q_heads, head_dim]: the window ``queries`` holds
+    query_end: int | None = None  # the position after the last token ``query_tokens`` holds
+    query_window: int = 1
     # Where each chunk's bytes are in the store now; ``resident`` runs ahead of it within a step.
     stored_at: dict[int, int] = field(default_factory=dict)
     cold_free: list[int] = field(default_factory=list)  # cold positions given back (by page-ins, truncation)
@@ -250,33 +265,47 @@ class RequestPager:
 
         ``start`` below the current length drops the tail (rejected drafts, or a restart after
         preemption): validity is decided by logical position, so nothing needs rolling back.
-        ``decoded`` counts the new tokens that are generated (not prompt) for the tau schedule.
-        ``prompt_end``: this step computes the prompt's last token alone (``prompt_end.py``); the pager
-        reselects first, with the queries of the token before it.
+        ``decoded`` counts the new tokens that are generated (not prompt); ``prompt_end``: this step computes the
+        prompt's last token alone. Either tells the prompt's length when ``prompt_tokens`` was not set.
+        Evictions and reselections happen at the decision positions of ``decisions.py`` only: at a step's start
+        when the scheduler cut it there, else (a step that spans one) at its start, counted in
+        ``stats.uncut_decisions``.
         """
         self._truncate(start)
+        if self.prompt_tokens is None and (decoded or prompt_end):
+            self.prompt_tokens = start + num_new - decoded if decoded else start + 1
         if getattr(policy, "needs_summaries", False):
             self._summarize_full_chunks(policy)
-        end_chunks = self.chunks_for(start + num_new)
-        new_chunks = list(range(self.num_chunks, end_chunks))
-        excess = len(self.resident) + len(new_chunks) - self.config.pool_chunks
+        plan = self.decisions()
+        end = start + num_new
+        horizon = plan.next_after(start)
+        if end > horizon and end > self.config.pool_tokens:
+            self.stats.uncut_decisions += 1
+        # At a decision, room for every token up to the next one (a whole prefill epoch), keeping the recent tail
+        # before it as well as the one after it; between two decisions none is needed
+        at_decision = plan.is_decision(start)
+        end_chunks = self.chunks_for(max(end, horizon) if at_decision else end)
+        excess = len(self.resident) + end_chunks - self.num_chunks - self.config.pool_chunks
         first_written = start // self.config.chunk_tokens  # this step's chunks have no bytes until it runs
         if excess > 0:
-            self._evict(policy, excess, end_chunks, first_written)
-        self.num_tokens = start + num_new
+            cut = at_decision and end <= horizon  # else (a step the scheduler did not cut) the tail after it only
+            self._evict(policy, excess, end_chunks, first_written, self.num_chunks if cut else end_chunks)
+        new_chunks = list(range(self.num_chunks, self.chunks_for(end)))
+        self.num_tokens = end
         for chunk in new_chunks:
             self.resident.append(chunk)
             self.last_used[chunk] = self.num_tokens
         loads: list[tuple[int, int]] = []
-        self.decoded_since_reselect += decoded
-        # The prompt's last token (scheduled alone) or else the first generated token reselects: the question
-        # has just been read, and chunks evicted during a long prefill may be what it asks for.
-        first_decode = decoded > 0 and not self.reselected
-        reselect = prompt_end or (decoded and (first_decode or self.reselect_due()))
+        if self.next_reselect < 0:
+            self.next_reselect = plan.next_reselection(start - 1)
+        reselect = start >= self.next_reselect
+        if reselect:
+            self.stats.uncut_decisions += start > self.next_reselect and bool(self.host or self.cold)
+            self.next_reselect = plan.next_reselection(start)
         if reselect and not (self.host or self.cold):
             # Nothing paged out, nothing to choose: no wait for the device and no count (V2's warm-up alone ran
             # about 1,024 such requests, which the reselection metric counted)
-            self.reselected, self.decoded_since_reselect = True, 0
+            self.reselected = True
             self._relayout({})
         elif reselect:
             settle = getattr(self.store, "settle", None)
@@ -290,7 +319,17 @@ class RequestPager:
             self._relayout({})
         self._account()
         chunk = self.config.chunk_tokens
-        return [self.stored_at[p // chunk] * chunk + p % chunk for p in range(start, start + num_new)]
+        return [self.stored_at[p // chunk] * chunk + p % chunk for p in range(start, end)]
+
+    def decisions(self) -> Decisions:
+        """This request's decision positions (``decisions.py``); before its prompt's length is known (the pager's
+        tests), those of a prompt that has not ended."""
+        prompt = UNKNOWN_PROMPT if self.prompt_tokens is None else self.prompt_tokens
+        if self._decisions is None or self._decisions.prompt_tokens != prompt:
+            cfg = self.config
+            self._decisions = Decisions(cfg.chunk_tokens, cfg.pool_tokens, cfg.epoch_tokens, cfg.tau_min, prompt)
+            self.next_reselect = -1  # found again at the next step
+        return self._decisions
 
     def _account(self) -> None:
         """Every chunk of the context is in exactly one place: the pool, a cold position, host memory, or dropped
@@ -321,15 +360,14 @@ class RequestPager:
             self.last_used[c] = self.num_tokens
 
     def reselect_due(self) -> bool:
-        return self.decoded_since_reselect >= self.config.reselect_interval(self.num_tokens)
+        """Whether the next step, starting where this one ended, reselects."""
+        return self.next_reselect >= 0 and self.num_tokens >= self.next_reselect
 
     def wants_queries(self, window: int) -> bool:
-        """Whether the latest decoded token's queries can still be in the ``window`` scored next: before the first
-        reselection, within ``window`` tokens of a due one, or of the chunk boundary whose eviction scores the
-        resident chunks. Between those, a decode step's queries would be pushed out unread."""
-        reach = self.decoded_since_reselect + window
-        return (not self.reselected or reach >= self.config.reselect_interval(self.num_tokens)
-                or -self.num_tokens % self.config.chunk_tokens <= window)
+        """Whether the latest step's queries can be in the ``window`` scored at the next decision position (an
+        eviction or a reselection): its tokens end within ``window`` tokens of it. Further from it, a step's queries
+        would be pushed out unread."""
+        return self.decisions().next_after(self.num_tokens - 1) - window < self.num_tokens
 
     # -------------------------------------------------------------- internals
 
@@ -346,6 +384,7 @@ class RequestPager:
         for c in [c for c in self.cold if c >= keep]:
             self.cold_free.append(self.cold.pop(c))
         self.dropped_chunks = {c for c in self.dropped_chunks if c < keep}
+        trim_queries(self, start)
         for c in [c for c in self.summaries if c >= keep - (start % self.config.chunk_tokens > 0)]:
             del self.summaries[c]  # a chunk cut to partial is re-summarised when full again
         self.num_tokens = start
@@ -356,9 +395,11 @@ class RequestPager:
             if chunk < full and chunk not in self.summaries:
                 self.summaries[chunk] = summarize(policy, self.store, position)
 
-    def _evict(self, policy, count: int, num_chunks_after: int, first_written: int) -> None:
-        # A chunk this step writes into (the partial one it starts in) is never the victim.
-        candidates = [c for c in self.evictable(num_chunks_after) if c < first_written]
+    def _evict(self, policy, count: int, num_chunks_after: int, first_written: int, num_chunks_before: int) -> None:
+        # A chunk this step writes into (the partial one it starts in) is never the victim, nor one of the recent tail
+        # before the step (at a decision) or after it.
+        keep = self.protected(num_chunks_before)
+        candidates = [c for c in self.evictable(num_chunks_after) if c < first_written and c not in keep]
         if len(candidates) < count:
             raise RuntimeError(
                 f"KVFlash: no room for this step's tokens in a pool of {self.config.pool_chunks} chunks; "
@@ -407,7 +448,7 @@ class RequestPager:
         chunks, as a resumed request's recompute, reselects before its own chunks hold bytes); returns (chunk,
         source) loads: host bytes, or the cold position the chunk leaves. The page-ins give back their places
         before the page-outs take theirs, so a swap never needs room it frees."""
-        self.decoded_since_reselect, self.reselected = 0, True
+        self.reselected = True
         self.stats.reselections += 1
         resident = [c for c in self.evictable() if c < first_written]
         away = self.paged_out()

@@ -1,7 +1,7 @@
 """The queries a KVFlash reselection scores with: those of the request's last ``query_window`` tokens (pure torch).
 
 A single token's query finds little: at a prompt's end the pager reselects with the queries of the token
-before the last one (``prompt_end.py``), which in ``KEY_123 = "`` is `` =``, a token that occurs all over code.
+before the last one (``decisions.py``), which in ``KEY_123 = "`` is `` =``, a token that occurs all over code.
 The tokens before it (the key's digits) are the ones whose queries point at the needle. Offline on the trained
 fixture (``benchmarks/kvflash_summary_study.py``, 20 needle prompts per length at 2K-8K), the needle's chunk
 ranked among the 3 best of 27-123 for 10-45% of prompts with that one token's queries and 90-100% with the last
@@ -20,14 +20,37 @@ from __future__ import annotations
 import torch
 
 
-def push_queries(pager, queries: torch.Tensor, window: int) -> None:
-    """``queries`` ``[n, layers, q_heads, head]`` of the request's latest ``n`` tokens, oldest first: keep the
-    last ``window`` tokens (with those held before) in ``pager.query_tokens`` and set ``pager.queries``."""
-    held = getattr(pager, "query_tokens", None)
-    recent = queries[-window:]
-    if held is not None and len(recent) < window and held.shape[1:] == recent.shape[1:]:
-        recent = torch.cat([held[len(recent) - window:], recent])
-    pager.query_tokens = recent
+def push_queries(pager, queries: torch.Tensor, window: int, keep: int | None = None) -> None:
+    """``queries`` ``[n, layers, q_heads, head]`` of the request's latest ``n`` tokens, oldest first, the last of
+    them at position ``pager.num_tokens - 1``: hold the last ``keep`` tokens' (``window`` by default; more when a
+    verify step's drafts may be rejected, so that the window before the next decision is whole after
+    ``trim_queries``) with those held before when they adjoin, and set ``pager.queries`` to the last ``window``."""
+    keep = max(keep or window, window)
+    held, end = getattr(pager, "query_tokens", None), pager.num_tokens
+    recent = queries[-keep:]
+    adjoins = held is not None and getattr(pager, "query_end", None) == end - len(recent)
+    if adjoins and len(recent) < keep and held.shape[1:] == recent.shape[1:]:
+        recent = torch.cat([held[len(recent) - keep:], recent])
+    pager.query_tokens, pager.query_end, pager.query_window = recent, end, window
+    _set_queries(pager)
+
+
+def trim_queries(pager, start: int) -> None:
+    """Positions from ``start`` on are gone (rejected drafts, a restart): so are their queries."""
+    held, end = getattr(pager, "query_tokens", None), getattr(pager, "query_end", None)
+    if held is None or end is None or end <= start:
+        return
+    kept = len(held) - (end - start)
+    pager.query_tokens, pager.query_end = (held[:kept], start) if kept > 0 else (None, None)
+    _set_queries(pager)
+
+
+def _set_queries(pager) -> None:
+    held = pager.query_tokens
+    if held is None:
+        pager.queries = None
+        return
+    recent = held[-pager.query_window:]
     tokens, layers, heads, head = recent.shape
     pager.queries = recent.permute(1, 2, 0, 3).reshape(layers, heads * tokens, head)
 

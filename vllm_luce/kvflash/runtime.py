@@ -53,7 +53,7 @@ class KVFlashRuntime:
                  head_size: int, block_size: int, max_num_reqs: int, scorer=None, reduce_max=None,
                  host_budget: int | None = None, metric_labels: dict | None = None, selection: str = "page",
                  query_window: int = 1, scored_dims: ScoredDims = ScoredDims(), host_pinned: int | str = 0,
-                 max_model_len: int = 0, ledger=None, engine: int = 0):
+                 max_model_len: int = 0, ledger=None, engine: int = 0, draft_tokens: int = 0):
         self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
         self.selection = selection
         self.caches = caches
@@ -70,6 +70,8 @@ class KVFlashRuntime:
         self._first_layer: int | None = None
         self._queries: dict[int, torch.Tensor] = {}  # pooled layer -> device [max_num_reqs, q_heads, head]
         self.query_window = query_window  # tokens whose queries a reselection scores with (query_window.py)
+        # tokens whose queries a step hands its pagers: the window, and as many again as drafts a verify step may reject
+        self.query_keep = query_window + draft_tokens
         self._window: tuple | None = None  # this step's (device rows, (first, count) per request), if any
         self._window_queries: dict[int, torch.Tensor] = {}  # pooled layer -> [window rows, q_heads, head]
         self._buffers: dict[str, torch.Tensor] = {}  # graph_buffer's
@@ -205,6 +207,7 @@ class KVFlashRuntime:
                 start = int(starts[r])
                 decoded = max(0, hi - lo - max(0, int(num_prompt_tokens[r]) - start))
                 prompt_end = hi - lo == 1 and start + 1 == int(num_prompt_tokens[r])
+                pager.prompt_tokens = int(num_prompt_tokens[r])
                 offsets = pager.prepare(start, hi - lo, self.policy, decoded=decoded, prompt_end=prompt_end)
                 slots[lo:hi] = pager.store.slots(offsets)
                 if self.selection != "sfi":  # what the scheduler reserved for its length and block row
@@ -245,7 +248,7 @@ class KVFlashRuntime:
     def _plan_window(self, query_start_loc: np.ndarray, num_reqs: int) -> None:
         """This step's window rows (``query_window.window_rows``), on the queries' device once one is known."""
         self._window_queries = {}
-        found = window_rows(query_start_loc, num_reqs, self.query_window) \
+        found = window_rows(query_start_loc, num_reqs, self.query_keep) \
             if getattr(self.policy, "needs_queries", False) else None
         if found is None:
             self._window = None
@@ -284,7 +287,7 @@ class KVFlashRuntime:
         for r, pager in wanted:
             first, count = spans[r] if spans is not None else (0, 0)
             latest = window[first : first + count] if count else stacked[r : r + 1]
-            push_queries(pager, latest, self.query_window)
+            push_queries(pager, latest, self.query_window, self.query_keep)
 
     def graph_buffer(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """A tensor shaped like ``like`` at an address that stays while shapes fit (``max_num_reqs`` rows or
@@ -325,7 +328,7 @@ class KVFlashRuntime:
 
     def stats(self) -> dict[str, float]:
         keys = ("page_outs", "page_ins", "cold_outs", "cold_ins", "bytes_out", "bytes_in", "moves", "reselections",
-                "dropped", "lost", "host_over_reserved", "reselect_s", "sparse_steps", "dense_steps",
+                "dropped", "lost", "host_over_reserved", "uncut_decisions", "reselect_s", "sparse_steps", "dense_steps",
                 "attended_tokens", "context_tokens")
         return {k: getattr(self.released, k) + sum(getattr(p.stats, k) for p in self.pagers.values()) for k in keys}
 
@@ -354,5 +357,6 @@ class KVFlashRuntime:
                           ("page_in_bytes", "bytes_in"), ("reselections", "reselections"),
                           ("reselection_seconds", "reselect_s"), ("host_budget_drops", "dropped"),
                           ("lost_chunks", "lost"), ("host_over_reserved_chunks", "host_over_reserved"),
+                          ("uncut_decisions", "uncut_decisions"),
                           ("sfi_sparse_steps", "sparse_steps"), ("sfi_dense_steps", "dense_steps")):
             metrics.set_total("kvflash_" + name, stats[key], **labels)

@@ -1,11 +1,11 @@
-"""KVFlash's scheduler hooks: a pooled prompt's last token gets a step of its own (``prompt_end.py``), and the
+"""KVFlash's scheduler hooks: a paged request's steps end at its decision positions (``decisions.py``), and the
 tiers of cold chunks (``engine_tiers.py``): the KVFlash managers lend free blocks and reserve host memory, each step
 ends by returning what it did not allocate, and a request's length stops where its host share ends.
 
 vLLM's scheduler clips each request's chunk in ``_mamba_block_aligned_split`` (0.26 through 0.33, the same
 signature; see LEDGER), called only when ``need_mamba_block_aligned_split`` is set (Mamba prefix caching in
 "align" mode, which KVFlash never runs with: it turns prefix caching off). The mixin sets the flag, runs
-vLLM's alignment where vLLM wanted it, then applies ``split_prompt_end``. Without paged KVFlash it does
+vLLM's alignment where vLLM wanted it, then ``Decisions.cut``. Without paged KVFlash it does
 nothing. It is part of every vllm-luce scheduler class (the DFlash gate's included).
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from vllm_luce.kvflash.prompt_end import split_prompt_end
+from vllm_luce.kvflash.decisions import Decisions
 
 TARGET = "vllm.v1.core.sched.scheduler:Scheduler._mamba_block_aligned_split"
 
@@ -23,11 +23,12 @@ class KVFlashSchedulerMixin:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         from vllm_luce.config import LuceConfig
-        from vllm_luce.kvflash.settings import resident_cap_tokens
+        from vllm_luce.kvflash.settings import pager_config_from, resident_cap_tokens
 
         luce = LuceConfig.from_vllm_config(self.vllm_config)
         # the pool size in tokens when paged KVFlash is on, else None
         self._luce_pool_tokens = (resident_cap_tokens(luce.kvflash) or None) if luce.kvflash.enabled else None
+        self._luce_pager = pager_config_from(luce.kvflash) if self._luce_pool_tokens is not None else None
         self._luce_vllm_aligns = self.need_mamba_block_aligned_split
         self.luce_admission = None
         if self._luce_pool_tokens is not None:
@@ -85,8 +86,9 @@ class KVFlashSchedulerMixin:
         if self._luce_pool_tokens is None:
             return num_new_tokens
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
-        return split_prompt_end(start, num_new_tokens, request.num_tokens, request.num_prompt_tokens,
-                                self._luce_pool_tokens)
+        cfg = self._luce_pager
+        return Decisions(cfg.chunk_tokens, cfg.pool_tokens, cfg.epoch_tokens, cfg.tau_min,
+                         request.num_prompt_tokens).cut(start, num_new_tokens)
 
 
 class LuceKVFlashScheduler(KVFlashSchedulerMixin, Scheduler):

@@ -110,8 +110,14 @@ def runtime_options(vllm_config, luce) -> dict:
     drop_budget = ledger.budget // local_ranks if ledger is not None and kv.host_full == "drop" else None
     return {"host_budget": drop_budget, "ledger": ledger, "engine": engine_of(vllm_config),
             "host_pinned": kv.host_pinned_bytes, "max_model_len": vllm_config.model_config.max_model_len,
-            "selection": kv.selection, "query_window": kv.query_window,
+            "selection": kv.selection, "query_window": kv.query_window, "draft_tokens": draft_tokens(vllm_config),
             "metric_labels": {"model_name": metrics.model_name(vllm_config), "rank": rank}}
+
+
+def draft_tokens(vllm_config) -> int:
+    """The most draft tokens a verify step holds for a request (0 without speculative decoding)."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    return int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
 
 
 def first_positions(query_start_loc: np.ndarray, positions: torch.Tensor) -> np.ndarray:

@@ -52,6 +52,9 @@ CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
         "counter", ("rank",), "Chunks dropped because kvflash.host_bytes was spent (only with host_full 'drop')."),
     "kvflash_lost_chunks": (
         "counter", ("rank",), "Chunks of a context found in no tier (a bug: the request's answer is wrong; logged)."),
+    "kvflash_uncut_decisions": (
+        "counter", ("rank",), "KVFlash decision positions a step ran across, decided at its start: those requests' "
+        "tokens may depend on other requests (0 where vllm-luce's scheduler cuts the steps)."),
     "kvflash_host_over_reserved_chunks": (
         "counter", ("rank",), "Host chunks held beyond the scheduler's reservation, summed over steps (a bug; logged)."),
     "kvflash_sfi_sparse_steps": ("counter", ("rank",), "SFI decode steps of a request over its selection only."),
