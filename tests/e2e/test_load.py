@@ -81,6 +81,7 @@ def test_greedy_outputs_are_kept_where_the_features_are_lossless(runs):
     print("all vs off:", {k: v for k, v in cmp.items() if k != "mismatches"}, cmp["mismatches"])
     assert cmp["greedy_compared"] >= 100
     assert len(cmp["mismatches"]) <= L.allowed_mismatches(cmp["greedy_compared"]), cmp["mismatches"]
+    assert cmp["fragile"] <= 0.1 * cmp["greedy_compared"], cmp  # vLLM's own load variance stays rare
     assert cmp["identical"] >= 0.8 * cmp["greedy_compared"], cmp
 
 

@@ -50,6 +50,7 @@ def test_greedy_outputs_are_kept_where_the_features_are_lossless(runs):
     print("all vs off:", {k: v for k, v in cmp.items() if k != "mismatches"}, cmp["mismatches"])
     assert cmp["greedy_compared"] >= 30
     assert len(cmp["mismatches"]) <= L.allowed_mismatches(cmp["greedy_compared"]), cmp["mismatches"]
+    assert cmp["fragile"] <= 0.1 * cmp["greedy_compared"], cmp  # vLLM's own load variance stays rare
 
 
 def test_host_memory_growth_after_warmup_is_at_most_5_percent(runs):
