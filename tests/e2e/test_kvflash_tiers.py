@@ -106,14 +106,14 @@ def test_a_host_budget_smaller_than_the_load_holds_requests_back_and_drops_nothi
     llm = make_llm(qwen, kvflash(POOL, gpu_cold=False, host_bytes=budget, host_ledger=str(tmp_path / "ledger")))
     runtime(llm).policy = Scorer(hashed_scores)
     admission = kvflash_manager(llm).luce_admission
-    ledger, hold, peak = admission.ledger, admission.ledger.hold, [0]
+    ledger, hold, peak = admission.ledger, admission.ledger.hold_up_to, [0]
 
-    def watched(kind, nbytes, engine=0):
-        granted = hold(kind, nbytes, engine)
+    def watched(kind, nbytes, engine=0, partial=True):  # every change the admission makes to the ledger
+        granted = hold(kind, nbytes, engine, partial)
         peak[0] = max(peak[0], ledger.held())
         return granted
 
-    ledger.hold = watched
+    ledger.hold_up_to = watched
     assert first_differences_beyond_a_near_tie(greedy(llm, prompts, gen=GEN), reference, gaps) == []
     stats = runtime(llm).stats()
     assert 0 < peak[0] <= budget and stats["bytes_out"] > budget

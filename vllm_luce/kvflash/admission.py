@@ -62,7 +62,15 @@ class AdmissionConfig:
 @dataclass
 class HostAdmission:
     """One engine's reservations of host memory for paged-out KV; ``ledger`` (a ``HostLedger``) bounds the host's.
-    Without a ledger there is no budget (reservations are only counted)."""
+    Without a ledger there is no budget (reservations are only counted).
+
+    Its cost does not grow with the requests that page nothing: a request's ``hold``, ``commit`` and ``release`` are
+    O(1), the sum of the reservations is kept as they change, and the ledger (a file lock and a pass over its slots)
+    is touched at most once a step. The engine's ledger slot holds a **claim**: the reservations beyond the pinned
+    bytes, and at a step's first hold beyond it a margin of one request's share (or what the budget leaves), so that
+    the holds after it in the step need no ledger; the claim settles back to the reservations at the end of the next
+    step that did not touch the ledger, and at once when the engine has no reservation left. The host's budget holds
+    exactly: everything granted is inside the claim."""
 
     config: AdmissionConfig
     ledger: object | None = None
@@ -73,58 +81,88 @@ class HostAdmission:
     held_back: set[str] = field(default_factory=set)  # requests refused this step (waiting, or running and preempted)
     refusals: int = 0  # requests refused, once a step each, summed over steps
     unbudgeted: int = 0  # total with no ledger
+    claimed: int = 0  # the bytes this engine's pageable slot holds in the ledger
+    ledger_touches: int = 0  # changes of the ledger, for tests and benchmarks
+    _total: int = 0  # the sum over requests of max(reserved, pending)
+    _touched: bool = False  # the ledger was changed in this step
 
     def total(self) -> int:
-        return sum(max(self.reserved.get(r, 0), self.pending.get(r, 0)) for r in self.reserved.keys() | self.pending)
+        return self._total
+
+    def _need(self, req_id: str) -> int:
+        return max(self.reserved.get(req_id, 0), self.pending.get(req_id, 0))
 
     def hold(self, req_id: str, nbytes: int) -> bool:
         """Reserve ``nbytes`` for ``req_id`` for this step (until ``commit`` or ``end_step``); False (and the request
         counted as held back) when the share or the host budget has no room."""
-        if nbytes <= max(self.reserved.get(req_id, 0), self.pending.get(req_id, 0)):
-            self.pending[req_id] = max(nbytes, self.pending.get(req_id, 0))
+        current = self._need(req_id)
+        if nbytes <= current:
             return True
-        previous = self.pending.get(req_id)
-        self.pending[req_id] = nbytes
-        if nbytes > self.config.request_bytes or not self._sync():
-            if previous is None:
-                del self.pending[req_id]
-            else:
-                self.pending[req_id] = previous
+        if nbytes > self.config.request_bytes or not self._fits(self._total + nbytes - current):
             self.refusals += req_id not in self.held_back
             self.held_back.add(req_id)
             return False
+        self.pending[req_id] = nbytes
+        self._total += nbytes - current
         self.held_back.discard(req_id)
         return True
 
     def commit(self, req_id: str, nbytes: int) -> None:
         """The step was allocated with ``nbytes`` of host chunks (at most what ``hold`` reserved)."""
+        if req_id not in self.pending and nbytes <= self.reserved.get(req_id, -1):
+            return  # nothing changes (a request that pages nothing, or no more than before)
+        before = self._need(req_id)
         self.reserved[req_id] = max(self.reserved.get(req_id, 0), nbytes)
         self.pending.pop(req_id, None)
-        self._sync()
+        self._total += self.reserved[req_id] - before
+        if self._total - self.pinned > self.claimed:  # more than held: never by the KVFlash manager's calls
+            self._fits(self._total)
 
     def release(self, req_id: str) -> None:
-        """A finished or preempted request: its reservation returns."""
+        """A finished or preempted request: its reservation returns (to the ledger when the claim settles)."""
+        self._total -= self._need(req_id)
         self.reserved.pop(req_id, None)
         self.pending.pop(req_id, None)
-        self._sync()
+        if self.ledger is None:
+            self.unbudgeted = self.pageable()
 
     def end_step(self) -> int:
-        """After the scheduler's step: reservations that were not allocated return; the number of requests held back
-        in it (a running request refused is preempted by vLLM, and counts too)."""
-        if self.pending:
-            self.pending.clear()
-            self._sync()
+        """After the scheduler's step: reservations that were not allocated return, the claim settles unless the step
+        touched the ledger; returns the number of requests held back in it (a running request refused is preempted
+        by vLLM, and counts too)."""
+        for req_id, asked in self.pending.items():
+            self._total -= max(0, asked - self.reserved.get(req_id, 0))
+        self.pending.clear()
+        if not self._touched:
+            self.settle()
+        self._touched = False
         held = len(self.held_back)
         self.held_back.clear()
         return held
 
-    def pageable(self) -> int:
-        """Host bytes the engine may hold beyond its pinned memory."""
-        return max(0, self.total() - self.pinned)
-
-    def _sync(self) -> bool:
-        """The ledger holds this engine's pageable bytes; False when an increase does not fit the budget."""
+    def settle(self) -> None:
+        """The claim back to the reservations beyond the pinned bytes (a ledger change only when they differ)."""
         if self.ledger is None:
             self.unbudgeted = self.pageable()
+        elif self.claimed != self.pageable():
+            self.claimed = self.ledger.hold_up_to("pageable", self.pageable(), self.engine)
+            self.ledger_touches += 1
+
+    def pageable(self) -> int:
+        """Host bytes the engine's reservations take beyond its pinned memory."""
+        return max(0, self._total - self.pinned)
+
+    def _fits(self, total: int) -> bool:
+        """Whether reservations of ``total`` bytes fit the claim, raised once a step by a margin of one share."""
+        wanted = max(0, total - self.pinned)
+        if self.ledger is None:
+            self.unbudgeted = wanted
             return True
-        return self.ledger.hold("pageable", self.pageable(), self.engine)
+        if wanted <= self.claimed:
+            return True
+        if self._touched:
+            return False
+        self.claimed = self.ledger.hold_up_to("pageable", wanted + self.config.request_bytes, self.engine)
+        self.ledger_touches += 1
+        self._touched = True
+        return wanted <= self.claimed

@@ -90,6 +90,8 @@ def report(admission: HostAdmission, labels: dict, step_end: bool = True) -> Non
     if step_end:
         metrics.set_gauge("kvflash_held_back_requests", admission.end_step(), **labels)
         metrics.set_total("kvflash_held_back_steps", admission.refusals, **labels)
+    elif not admission.total():  # no reservation left (the engine may go idle): the claim returns to the host now
+        admission.settle()
     metrics.set_gauge("kvflash_host_reserved_bytes", admission.total(), **labels)
     if admission.ledger is not None:
         metrics.set_gauge("kvflash_host_budget_bytes", admission.ledger.budget, **labels)
