@@ -331,13 +331,13 @@ LEDGER += (
         signature='(self, request: Request, num_new_tokens: int, num_new_local_computed_tokens: int=0, '
                   'num_external_computed_tokens: int=0) -> int',
         module="vllm_luce.kvflash.scheduler",
-        why="KVFlash must reselect a pooled request's chunks before the prompt's last token, whose step samples "
-            "the first answer token; vLLM schedules that token with the rest of the last prefill chunk and has "
-            "no per-request hook for a chunk's length other than this one.",
+        why="KVFlash decides which chunks a paged request attends to at positions fixed by the request alone "
+            "(kvflash/decisions.py), so its tokens never depend on other requests; each such step must start at "
+            "one, and vLLM has no per-request hook for a step's length other than this one.",
         how="Overridden in vllm-luce's scheduler classes (KVFlashSchedulerMixin, installed with vLLM's "
             "scheduler_cls setting), which set need_mamba_block_aligned_split so vLLM calls it: vLLM's "
-            "alignment runs where vLLM wanted it, then a chunk that would end a prefill longer than the pool "
-            "with more than one token stops one token short. The signature is checked when the scheduler starts.",
+            "alignment runs where vLLM wanted it, then a step that would end beyond the pool ends at the "
+            "request's next decision position (Decisions.cut). The signature is checked when the scheduler starts.",
         remove_when="vLLM offers a per-request prefill chunking hook for plugins.",
     ),
     LedgerEntry(

@@ -187,7 +187,7 @@ PATCHES: dict[str, tuple[str, ...]] = {
     "vllm.v1.worker.gpu.model_runner:GPUModelRunner.initialize_kv_cache": (
         "KVFlash; PFlash", ON_IMPORT, "the same"),
     "vllm.v1.core.sched.scheduler:Scheduler._mamba_block_aligned_split": (
-        "KVFlash", SCHEDULER_START, "a pooled prompt's last token in a step of its own",
+        "KVFlash", SCHEDULER_START, "a paged request's steps end at its decision positions",
         "vllm.v1.core.sched.async_scheduler:AsyncScheduler._mamba_block_aligned_split"),
     "vllm.v1.engine.async_llm:AsyncLLM.add_request": (
         "PFlash; DFlash; KVFlash", ENGINE_CLIENT, "check per-request switches (an HTTP 400); compress eligible "
@@ -285,7 +285,8 @@ HOOKS: tuple[Hook, ...] = (
          "[] before vLLM schedules the step", GATE_HOOK),
     _row(REBINDING, f"{SCHEDULER}.need_mamba_block_aligned_split",
          f"{KV}.scheduler:KVFlashSchedulerMixin.__init__", "KVFlash",
-         "so vLLM calls _mamba_block_aligned_split, the override that ends a pooled prompt alone",
+         "so vLLM calls _mamba_block_aligned_split, the override that ends a paged request's steps at its decision "
+         "positions",
          "True on the scheduler, with paged KVFlash", KV_SCHEDULER_HOOK),
     _row(REBINDING, "vllm.v1.request:Request.max_tokens", f"{KV}.scheduler:KVFlashSchedulerMixin.add_request",
          "KVFlash", "a request stops (finish reason length) where its context would need more host memory than "

@@ -117,3 +117,23 @@ def test_without_the_cut_tokens_follow_the_steps():
         differs += loaded != alone
         assert pager.stats.uncut_decisions > 0
     assert differs >= 4
+
+
+def test_a_step_cut_short_of_its_epoch_is_reserved_host_memory_for_the_whole_epoch():
+    """At an epoch's start the pager pages out room for the whole epoch, whatever the step's length: the scheduler
+    reserves host memory for ``room_until``, and a reservation for the step's own tokens would fall short."""
+    from vllm_luce.kvflash.admission import AdmissionConfig
+
+    tiers = AdmissionConfig(chunk_tokens=C, pool_chunks=CFG.pool_chunks, block_size=C, chunk_bytes=1,
+                            request_bytes=10**6)
+    pager, policy, d = RequestPager(CFG, TensorStore(CFG.pool_chunks, SHAPE)), QK(), plan(200)
+    pager.prompt_tokens = 200
+    pos = 0
+    while pos < 48:  # steps of one epoch (8 tokens): 12 chunks through a pool of 8
+        pager.prepare(pos, d.cut(pos, 8), policy)
+        pos = pager.num_tokens
+    assert d.is_decision(48) and d.room_until(48, 50) == 56
+    pager.prepare(48, 2, policy)  # a step of 2 tokens, cut short by the load: room made for 8
+    rows = CFG.pool_chunks  # the pool's row: no cold positions
+    assert pager.check_host_reservation(tiers.host_chunks(d.room_until(48, 50), rows)) == 0
+    assert len(pager.host) > tiers.host_chunks(50, rows)  # what the step's own tokens would have reserved

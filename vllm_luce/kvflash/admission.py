@@ -79,6 +79,7 @@ class HostAdmission:
     reserved: dict[str, int] = field(default_factory=dict)  # request -> bytes (the most it has needed)
     pending: dict[str, int] = field(default_factory=dict)  # request -> bytes asked for this step, not yet committed
     held_back: set[str] = field(default_factory=set)  # requests refused this step (waiting, or running and preempted)
+    room: dict[str, int] = field(default_factory=dict)  # request -> tokens its pool makes room for this step (scheduler)
     refusals: int = 0  # requests refused, once a step each, summed over steps
     unbudgeted: int = 0  # total with no ledger
     claimed: int = 0  # the bytes this engine's pageable slot holds in the ledger
@@ -126,6 +127,11 @@ class HostAdmission:
         if self.ledger is None:
             self.unbudgeted = self.pageable()
 
+    def tokens_for(self, req_id: str, num_tokens: int) -> int:
+        """The tokens a step to ``num_tokens`` reserves host memory for: at a decision position the worker pages out
+        room for every token up to the next one (``decisions.py``), which the scheduler noted in ``room``."""
+        return max(num_tokens, self.room.get(req_id, 0))
+
     def end_step(self) -> int:
         """After the scheduler's step: reservations that were not allocated return, the claim settles unless the step
         touched the ledger; returns the number of requests held back in it (a running request refused is preempted
@@ -133,6 +139,7 @@ class HostAdmission:
         for req_id, asked in self.pending.items():
             self._total -= max(0, asked - self.reserved.get(req_id, 0))
         self.pending.clear()
+        self.room.clear()
         if not self._touched:
             self.settle()
         self._touched = False

@@ -81,6 +81,11 @@ class Decisions:
     def is_decision(self, position: int) -> bool:
         return position == 0 or self.next_after(position - 1) == position
 
+    def room_until(self, start: int, end: int) -> int:
+        """Tokens the pool makes room for in a step from ``start`` to ``end``: at a decision position, up to the next
+        one (a whole prefill epoch, chunks paged out at once); between two, the step's own."""
+        return max(end, self.next_after(start)) if self.is_decision(start) else end
+
     def cut(self, start: int, num_new: int) -> int:
         """How many of ``num_new`` tokens from ``start`` one step may take: up to the next decision position when
         the step would end beyond the pool, else all."""

@@ -216,6 +216,7 @@ class RequestPager:
     cold_moves: list[tuple[int, int]] = field(default_factory=list)  # (cold position, pool position) of this step
     dropped_chunks: set[int] = field(default_factory=set)  # host_full "drop": chunks discarded, still in the context
     reserved_host_chunks: int = 0  # the most host chunks the scheduler has reserved for this request (``admission``)
+    room_tokens: int = 0  # the tokens the latest step made room for (``Decisions.room_until``)
 
     # -------------------------------------------------------------- structure
 
@@ -284,7 +285,8 @@ class RequestPager:
         # At a decision, room for every token up to the next one (a whole prefill epoch), keeping the recent tail
         # before it as well as the one after it; between two decisions none is needed
         at_decision = plan.is_decision(start)
-        end_chunks = self.chunks_for(max(end, horizon) if at_decision else end)
+        self.room_tokens = plan.room_until(start, end)  # what the scheduler reserved host memory for (admission.py)
+        end_chunks = self.chunks_for(self.room_tokens)
         excess = len(self.resident) + end_chunks - self.num_chunks - self.config.pool_chunks
         first_written = start // self.config.chunk_tokens  # this step's chunks have no bytes until it runs
         if excess > 0:

@@ -87,8 +87,11 @@ class KVFlashSchedulerMixin:
             return num_new_tokens
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
         cfg = self._luce_pager
-        return Decisions(cfg.chunk_tokens, cfg.pool_tokens, cfg.epoch_tokens, cfg.tau_min,
-                         request.num_prompt_tokens).cut(start, num_new_tokens)
+        plan = Decisions(cfg.chunk_tokens, cfg.pool_tokens, cfg.epoch_tokens, cfg.tau_min, request.num_prompt_tokens)
+        num_new_tokens = plan.cut(start, num_new_tokens)
+        if num_new_tokens and self.luce_admission is not None:  # the host memory of the room the worker makes
+            self.luce_admission.room[request.request_id] = plan.room_until(start, start + num_new_tokens)
+        return num_new_tokens
 
 
 class LuceKVFlashScheduler(KVFlashSchedulerMixin, Scheduler):

@@ -108,6 +108,7 @@ class KVFlashManager(FullAttentionManager):
             return blocks
         cfg, held = admission.config, len(self.req_to_blocks.get(request_id, ())) + blocks
         spare = self.block_pool.get_num_free_blocks() - blocks - cfg.reserve_blocks
+        num_tokens = admission.tokens_for(request_id, num_tokens)  # a decision's room (decisions.py)
         lent = max(0, min(cfg.cold_blocks_wanted(num_tokens, held), spare))
         if not admission.hold(request_id, cfg.host_bytes(num_tokens, held + lent)):
             return self.block_pool.num_gpu_blocks + 1  # more than exist: vLLM holds the request back or preempts
@@ -122,7 +123,8 @@ class KVFlashManager(FullAttentionManager):
         held = max(len(self.req_to_blocks[request_id]), cdiv(self._cap(num_tokens), self.block_size))
         target = held + min(self.luce_lent.pop(request_id, 0), self.block_pool.get_num_free_blocks())
         new = super().allocate_new_blocks(request_id, target * self.block_size, self._cap(num_tokens_main_model))
-        admission.commit(request_id, admission.config.host_bytes(num_tokens, len(self.req_to_blocks[request_id])))
+        admission.commit(request_id, admission.config.host_bytes(admission.tokens_for(request_id, num_tokens),
+                                                                 len(self.req_to_blocks[request_id])))
         return new
 
     def free(self, request_id: str) -> None:
