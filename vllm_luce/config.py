@@ -143,6 +143,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                   help="the most host memory one request may hold: a longer prompt is refused with an "
                                        "error naming this setting, and a request stops (finish reason length) where its "
                                        "context would need more"),
+        "host_wait_s": Key(300.0, (int, float), "a number of seconds > 0", lambda v: v > 0,
+                           help="the longest a request waits for host memory for its page-outs; then it ends with an "
+                                "error naming this setting (counted in vllm:luce_kvflash_host_wait_errors), and so "
+                                "does at once a request that would need more than host_request_bytes"),
         "host_full": Key("wait", str, "'wait' or 'drop'", lambda v: v in ("wait", "drop"),
                          help="what happens when the host budget is spent: wait (requests are held back until memory "
                               "frees; nothing is lost) or drop (each worker drops its coldest chunks beyond its share "

@@ -85,8 +85,10 @@ OVERRIDES: tuple[dict, ...] = (
     _scheduler(f"{KV_SCHED}:KVFlashSchedulerMixin", "add_request", "KVFlash", "a request stops where its context "
                "would need more host memory than its share", "lowers Request.max_tokens (its row), then vLLM's "
                "add_request", KV_SCHEDULER_HOOK),
-    _scheduler(f"{KV_SCHED}:KVFlashSchedulerMixin", "schedule", "KVFlash", "the host tiers' metrics",
-               "vLLM's schedule, then the admission's report", KV_SCHEDULER_HOOK),
+    _scheduler(f"{KV_SCHED}:KVFlashSchedulerMixin", "schedule", "KVFlash", "the host tiers' metrics, and room made "
+               "when requests wait for host memory that only this engine's requests hold (the row of Scheduler."
+               "running)", "makes that room if the step before needs it, vLLM's schedule, notes whether a holder "
+               "ran, then the admission's report", KV_SCHEDULER_HOOK),
     _scheduler(f"{KV_SCHED}:KVFlashSchedulerMixin", "update_from_output", "KVFlash", "the same at a step's end",
                "vLLM's update_from_output, then the report", KV_SCHEDULER_HOOK),
     _scheduler(f"{KV_SCHED}:KVFlashSchedulerMixin", "shutdown", "KVFlash", "no host reservation outlives the "

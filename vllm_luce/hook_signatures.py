@@ -78,6 +78,22 @@ EXPECTED: dict[str, str] = {
         ATTRIBUTE,
     "vllm.v1.core.sched.scheduler:Scheduler.need_mamba_block_aligned_split":
         ATTRIBUTE,
+    "vllm.v1.core.sched.scheduler:Scheduler._preempt_request":
+        '(self, request: Request, timestamp: float, drop_stale_output: bool=False) -> None',
+    "vllm.v1.core.sched.scheduler:Scheduler.running":
+        ATTRIBUTE,
+    "vllm.v1.core.sched.scheduler:Scheduler.grammar_compile_error_reqs":
+        ATTRIBUTE,
+    "vllm.outputs:RequestError":
+        CLASS,
+    "vllm.v1.core.sched.scheduler:Scheduler.policy":
+        ATTRIBUTE,
+    "vllm.v1.request:Request.priority":
+        ATTRIBUTE,
+    "vllm.v1.request:Request.arrival_time":
+        ATTRIBUTE,
+    "vllm.v1.core.sched.output:SchedulerOutput.num_scheduled_tokens":
+        ATTRIBUTE,
     "vllm.v1.request:Request.max_tokens":
         ATTRIBUTE,
     "vllm.v1.worker.utils:AttentionGroup.metadata_builders":
@@ -212,6 +228,12 @@ EXPECTED: dict[str, str] = {
 }
 # name -> {series: what it is there; None where that release lacks it}, where a series differs from 0.32
 PER_SERIES: dict[str, dict[str, str | None]] = {
+    # The message of an error finish reaches the client from 0.33 (0.32 has the class, unused there by the scheduler).
+    "vllm.outputs:RequestError": {"0.26": None},
+    # Called with (request, timestamp) only: the same in every series.
+    "vllm.v1.core.sched.scheduler:Scheduler._preempt_request": {
+        "0.26": '(self, request: Request, timestamp: float) -> None',
+    },
     # The wrapper passes every argument through.
     "vllm.v1.worker.gpu.model_runner:GPUModelRunner.execute_model": {
         "0.26": (

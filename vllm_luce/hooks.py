@@ -288,6 +288,23 @@ HOOKS: tuple[Hook, ...] = (
          "so vLLM calls _mamba_block_aligned_split, the override that ends a paged request's steps at its decision "
          "positions",
          "True on the scheduler, with paged KVFlash", KV_SCHEDULER_HOOK),
+    _row(REBINDING, f"{SCHEDULER}.running", f"{KV}.scheduler:KVFlashSchedulerMixin._luce_make_host_room", "KVFlash",
+         "requests that wait for host memory only this engine's own requests hold, none of which ran in the step "
+         "before, would wait for ever: one holder is preempted, the one vLLM would preempt first (FCFS: the last "
+         "running; priority: the largest priority and arrival time), unless it is the only one waiting",
+         "removed from Scheduler.running and preempted with vLLM's own _preempt_request, which frees its blocks "
+         "(and so its host reservation) and tells the workers in this step's output; whether a holder ran is read "
+         "from SchedulerOutput.num_scheduled_tokens", KV_SCHEDULER_HOOK,
+         checks=(f"{SCHEDULER}.running", f"{SCHEDULER}._preempt_request", f"{SCHEDULER}.policy",
+                 "vllm.v1.request:Request.priority", "vllm.v1.request:Request.arrival_time",
+                 "vllm.v1.core.sched.output:SchedulerOutput.num_scheduled_tokens")),
+    _row(REBINDING, f"{SCHEDULER}.grammar_compile_error_reqs", f"{KV}.scheduler:KVFlashSchedulerMixin._luce_fail",
+         "KVFlash", "a request that waited for host memory longer than luce.kvflash.host_wait_s, or asks for more "
+         "than host_request_bytes, ends with an error (a bounded wait) instead of waiting for ever",
+         "its id added to the requests vLLM ends with FINISHED_ERROR at the end of update_from_output (a set in "
+         "0.26-0.32: the client gets vLLM's internal error; a dict of RequestError from 0.33: the client gets our "
+         "message); the server log names the setting either way", KV_SCHEDULER_HOOK,
+         checks=(f"{SCHEDULER}.grammar_compile_error_reqs", "vllm.outputs:RequestError")),
     _row(REBINDING, "vllm.v1.request:Request.max_tokens", f"{KV}.scheduler:KVFlashSchedulerMixin.add_request",
          "KVFlash", "a request stops (finish reason length) where its context would need more host memory than "
          "luce.kvflash.host_request_bytes, as at max_model_len", "lowered before vLLM's add_request",

@@ -13,8 +13,11 @@ idle, no request runs, no KVFlash pager or host page is held (read from `/metric
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import shutil
+import subprocess
+import sys
 import time
 
 import httpx
@@ -63,6 +66,7 @@ def server(tmp_path_factory):
     srv = Server(models / "qwen36-target", work / "serve.log", *L.base_args(), "--speculative-model", "dflash",
                  "--num-gpu-blocks-override", str(KV_BLOCKS), "--additional-config", json.dumps(config),
                  served_name="t")
+    srv.host_ledger = work / "host-ledger"
     with srv:
         yield srv
 
@@ -199,12 +203,29 @@ def test_nan_drafter_is_never_verified_and_requests_complete(server, prompts):
 
 
 def test_host_memory_smaller_than_the_load_holds_requests_back_and_drops_nothing(server, prompts):
-    """Long prompts opted out of PFlash page out more together than the host budget: they wait for host memory and
-    all complete, nothing dropped. A prompt beyond one request's share is refused with a 400 naming the setting,
-    streamed or not, and the server goes on."""
+    """Long prompts opted out of PFlash page out more than the host memory another server leaves them: they wait for
+    it, and all complete once it frees, nothing dropped. A prompt beyond one request's share is refused with a 400
+    naming the setting, streamed or not, and the server goes on. (Two long prompts never run at once in this KV
+    cache, so the other server's hold makes the wait.)"""
+    from tests.e2e.test_kvflash_refusal import HOLDER
+
     opt_out = {"vllm_xargs": {"luce_pflash": "off"}}
     work = [L.Item(i, "long", p, greedy=True, max_tokens=8, extra_body=opt_out) for i, p in enumerate(prompts["long"][:4])]
-    results, _ = asyncio.run(L.run_load(server.base_url, "t", work, len(work)))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(server.host_ledger), str(HOST_BYTES), str(35 * CHUNK_BYTES)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"  # 5 chunks left: less than any long prompt pages out
+        before = L.metric(metrics(server), "vllm:luce_kvflash_held_back_steps_total")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            load = pool.submit(asyncio.run, L.run_load(server.base_url, "t", work, len(work)))
+            deadline = time.monotonic() + 120
+            while L.metric(metrics(server), "vllm:luce_kvflash_held_back_steps_total") == before:
+                assert time.monotonic() < deadline and not load.done(), "no request waited for host memory"
+                time.sleep(0.2)
+            holder.stdin.close()  # the other server's memory frees
+            results, _ = load.result(timeout=300)
+    finally:
+        holder.kill()
     assert [r.error for r in results if r.error] == [] and all(r.completion_tokens == 8 for r in results)
     text = assert_nothing_held(server)
     assert L.metric(text, "vllm:luce_kvflash_lost_chunks_total") == 0  # every chunk placed in a tier

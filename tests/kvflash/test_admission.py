@@ -114,3 +114,33 @@ def test_a_running_request_refused_and_preempted_counts_as_held_back(tmp_path):
     assert not a.hold("running", 5 * CHUNK_BYTES) and not a.hold("running", 5 * CHUNK_BYTES)  # asked again: once
     a.release("running")  # preempted
     assert a.end_step() == 1 and a.refusals == 1
+
+
+def test_a_request_refused_for_wait_s_in_a_row_or_beyond_its_share_is_handed_back_to_end(tmp_path):
+    ledger = HostLedger(str(tmp_path / "ledger"), 5 * CHUNK_BYTES)
+    a = HostAdmission(config(wait_s=10.0), ledger)
+    assert a.hold("holder", 5 * CHUNK_BYTES)
+    a.commit("holder", 5 * CHUNK_BYTES)
+    assert not a.hold("waits", CHUNK_BYTES) and not a.hold("huge", 11 * CHUNK_BYTES)  # the share is 10 chunks
+    a.end_step(now=100.0)
+    assert a.take_expired(100.0) == [("huge", "share")]  # no wait admits it: at once
+    for now in (105.0, 109.9):
+        assert not a.hold("waits", CHUNK_BYTES)
+        a.end_step(now=now)
+        assert a.take_expired(now) == []  # refused since 100 s: not yet 10 s in a row
+    a.end_step(now=110.0)  # a step that did not ask for it: it still waits, but was not refused in this step
+    assert a.take_expired(115.0) == []
+    assert not a.hold("waits", CHUNK_BYTES)
+    a.end_step(now=115.0)
+    assert a.take_expired(115.0) == [("waits", "wait")] and a.expired == 2
+    # a grant ends the wait: refusals after it count from their own start
+    a.release("holder")
+    assert a.hold("again", CHUNK_BYTES) is True
+    a.end_step(now=200.0)
+    a.commit("again", CHUNK_BYTES)
+    assert a.hold("hog", 4 * CHUNK_BYTES) and not a.hold("late", CHUNK_BYTES)
+    a.end_step(now=300.0)
+    assert a.take_expired(305.0) == [] and a.waiting_since == {"late": 300.0}
+    a.release("late")
+    assert a.waiting_since == {}
+    assert a.end_beyond_share("headless") == [("headless", "share")] and a.expired == 3

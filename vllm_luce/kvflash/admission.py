@@ -8,8 +8,9 @@ The scheduler decides, per request and step, before the worker pages anything ou
   those blocks first (``pager.py``), so both sides count the same chunks (``host_chunks``).
 * **Host memory for the rest**, reserved before the step that pages it out: a request whose chunks would not fit
   the host budget (``host_ledger.py``, shared by the host) or its own share (``request_bytes``) is held back: it
-  waits, as for KV blocks, or a running one is preempted by vLLM's own rules and computed again later. Nothing
-  is dropped.
+  waits (the scheduler skips it for the step, ``scheduler.py``; a holder is preempted only when requests wait for
+  this engine's own holders and none of them ran). Nothing is dropped. A request refused for ``wait_s`` in a row,
+  or asking for more than its share (no wait admits it), is handed to the scheduler to end with an error.
 
 A request's reservation is the largest its host chunks have needed, so swaps between the tiers never take it past
 what was reserved; it ends when the request finishes or is preempted. The worker's pinned memory is the engine's
@@ -19,6 +20,7 @@ reservations beyond the pinned bytes.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 
@@ -31,6 +33,7 @@ class AdmissionConfig:
     request_bytes: int  # the most host memory one request may reserve (its share of the budget)
     reserve_blocks: int = 0  # free KV blocks never lent to cold chunks
     gpu_cold: bool = True  # cold chunks in free KV blocks first
+    wait_s: float = 300.0  # the longest a request waits for host memory before it ends with an error
 
     def chunks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.chunk_tokens)
@@ -79,7 +82,11 @@ class HostAdmission:
     reserved: dict[str, int] = field(default_factory=dict)  # request -> bytes (the most it has needed)
     pending: dict[str, int] = field(default_factory=dict)  # request -> bytes asked for this step, not yet committed
     held_back: set[str] = field(default_factory=set)  # requests refused this step (waiting, or running and preempted)
+    last_held_back: set[str] = field(default_factory=set)  # those of the latest step ended
     room: dict[str, int] = field(default_factory=dict)  # request -> tokens its pool makes room for this step (scheduler)
+    waiting_since: dict[str, float] = field(default_factory=dict)  # request -> when its refusals in a row began
+    beyond_share: set[str] = field(default_factory=set)  # requests refused more than their share: no wait admits them
+    expired: int = 0  # requests ended for waiting too long or beyond their share, summed
     refusals: int = 0  # requests refused, once a step each, summed over steps
     unbudgeted: int = 0  # total with no ledger
     claimed: int = 0  # the bytes this engine's pageable slot holds in the ledger
@@ -102,10 +109,13 @@ class HostAdmission:
         if nbytes > self.config.request_bytes or not self._fits(self._total + nbytes - current):
             self.refusals += req_id not in self.held_back
             self.held_back.add(req_id)
+            if nbytes > self.config.request_bytes:
+                self.beyond_share.add(req_id)
             return False
         self.pending[req_id] = nbytes
         self._total += nbytes - current
         self.held_back.discard(req_id)
+        self.waiting_since.pop(req_id, None)
         return True
 
     def commit(self, req_id: str, nbytes: int) -> None:
@@ -124,6 +134,8 @@ class HostAdmission:
         self._total -= self._need(req_id)
         self.reserved.pop(req_id, None)
         self.pending.pop(req_id, None)
+        self.waiting_since.pop(req_id, None)
+        self.beyond_share.discard(req_id)
         if self.ledger is None:
             self.unbudgeted = self.pageable()
 
@@ -132,10 +144,16 @@ class HostAdmission:
         room for every token up to the next one (``decisions.py``), which the scheduler noted in ``room``."""
         return max(num_tokens, self.room.get(req_id, 0))
 
-    def end_step(self) -> int:
-        """After the scheduler's step: reservations that were not allocated return, the claim settles unless the step
-        touched the ledger; returns the number of requests held back in it (a running request refused is preempted
-        by vLLM, and counts too)."""
+    def waiting_besides(self, req_id: str) -> bool:
+        """Whether a request other than ``req_id`` was refused host memory in the latest step."""
+        return bool(self.last_held_back - {req_id})
+
+    def end_step(self, now: float | None = None) -> int:
+        """After the scheduler's step (at ``now``, ``time.monotonic`` by default): reservations that were not allocated return, the
+        claim settles unless the step touched the ledger; returns the number of requests held back in it."""
+        now = time.monotonic() if now is None else now
+        for req_id in self.held_back:
+            self.waiting_since.setdefault(req_id, now)
         for req_id, asked in self.pending.items():
             self._total -= max(0, asked - self.reserved.get(req_id, 0))
         self.pending.clear()
@@ -143,9 +161,26 @@ class HostAdmission:
         if not self._touched:
             self.settle()
         self._touched = False
-        held = len(self.held_back)
+        held, self.last_held_back = len(self.held_back), set(self.held_back)
         self.held_back.clear()
         return held
+
+    def take_expired(self, now: float) -> list[tuple[str, str]]:
+        """Requests of the latest step to end with an error, with why: ``"share"`` (refused more than their share)
+        or ``"wait"`` (refused for ``wait_s`` in a row). They are counted and forgotten here; the scheduler ends them,
+        which releases them."""
+        out = [(r, "share" if r in self.beyond_share else "wait") for r in sorted(self.last_held_back)
+               if r in self.beyond_share or now - self.waiting_since.get(r, now) >= self.config.wait_s]
+        for req_id, _ in out:
+            self.waiting_since.pop(req_id, None)
+            self.beyond_share.discard(req_id)
+        self.expired += len(out)
+        return out
+
+    def end_beyond_share(self, req_id: str) -> list[tuple[str, str]]:
+        """A request whose prompt alone needs more than its share (no wait admits it), to end at once: counted."""
+        self.expired += 1
+        return [(req_id, "share")]
 
     def settle(self) -> None:
         """The claim back to the reservations beyond the pinned bytes (a ledger change only when they differ)."""

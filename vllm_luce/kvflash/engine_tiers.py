@@ -55,12 +55,14 @@ def build_admission(scheduler, luce) -> HostAdmission | None:
     config = AdmissionConfig(
         chunk_tokens=cfg.chunk_tokens, pool_chunks=cfg.pool_chunks, block_size=group.kv_cache_spec.block_size,
         chunk_bytes=chunk_bytes, request_bytes=resolve_request_bytes(kv.host_request_bytes, ledger.budget, longest),
-        reserve_blocks=reserve_blocks(scheduler), gpu_cold=kv.gpu_cold)
+        reserve_blocks=reserve_blocks(scheduler), gpu_cold=kv.gpu_cold,
+        wait_s=float(kv.host_wait_s))
     waits = kv.host_full == "wait"
     admission = HostAdmission(config, ledger if waits else None, engine, ledger.held("pinned", engine))
     admission.end_step()  # this engine's pageable slot starts empty
     for manager in managers:
         manager.luce_admission = admission
+    scheduler.luce_kvflash_manager = managers[0]  # the scheduler's pre-allocation check (scheduler.py)
     lookahead = getattr(scheduler, "num_lookahead_tokens", 0) or 0
     publish_facts(vllm_config, {"max_tokens": config.max_tokens(lookahead + cfg.chunk_tokens),
                                 "request_bytes": config.request_bytes, "chunk_bytes": chunk_bytes,
@@ -93,6 +95,7 @@ def report(admission: HostAdmission, labels: dict, step_end: bool = True) -> Non
     elif not admission.total():  # no reservation left (the engine may go idle): the claim returns to the host now
         admission.settle()
     metrics.set_gauge("kvflash_host_reserved_bytes", admission.total(), **labels)
+    metrics.set_total("kvflash_host_wait_errors", admission.expired, **labels)
     if admission.ledger is not None:
         metrics.set_gauge("kvflash_host_budget_bytes", admission.ledger.budget, **labels)
 

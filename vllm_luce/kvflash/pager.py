@@ -285,7 +285,7 @@ class RequestPager:
         # At a decision, room for every token up to the next one (a whole prefill epoch), keeping the recent tail
         # before it as well as the one after it; between two decisions none is needed
         at_decision = plan.is_decision(start)
-        self.room_tokens = plan.room_until(start, end)  # what the scheduler reserved host memory for (admission.py)
+        self.room_tokens = max(end, horizon) if at_decision else end  # = plan.room_until: what the scheduler reserved
         end_chunks = self.chunks_for(self.room_tokens)
         excess = len(self.resident) + end_chunks - self.num_chunks - self.config.pool_chunks
         first_written = start // self.config.chunk_tokens  # this step's chunks have no bytes until it runs

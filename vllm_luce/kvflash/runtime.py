@@ -211,7 +211,7 @@ class KVFlashRuntime:
                 offsets = pager.prepare(start, hi - lo, self.policy, decoded=decoded, prompt_end=prompt_end)
                 slots[lo:hi] = pager.store.slots(offsets)
                 if self.selection != "sfi":  # what the scheduler reserved for its length and block row
-                    room = max(pager.num_tokens, getattr(pager, "room_tokens", 0))
+                    room = max(pager.num_tokens, pager.room_tokens)
                     pager.check_host_reservation(self.tiers.host_chunks(room, len(pager.store.row)))
             self.resident_lens[r] = pager.resident_tokens()
             self.skip_blocks[r] = pager.skipped_tokens() // self.block_size

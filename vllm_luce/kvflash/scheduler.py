@@ -11,6 +11,8 @@ nothing. It is part of every vllm-luce scheduler class (the DFlash gate's includ
 
 from __future__ import annotations
 
+import time
+
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -48,21 +50,67 @@ class KVFlashSchedulerMixin:
 
     def add_request(self, request) -> None:
         """A request stops where its context would need more host memory than its share (finish reason length),
-        as at max_model_len; a prompt that alone would is refused by the frontend (``kvflash/frontend.py``)."""
+        as at max_model_len; a prompt that alone would is refused by the frontend (``kvflash/frontend.py``), or where
+        that did not see it, ends with an error at this step's outputs."""
         limit = getattr(self, "_luce_max_tokens", None)
         if limit is not None and request.num_prompt_tokens + request.max_tokens > limit:
             from vllm_luce import hooks
 
             hooks.bind("vllm.v1.request:Request.max_tokens", request, max(1, limit - request.num_prompt_tokens))
         super().add_request(request)
+        if limit is not None and request.num_prompt_tokens >= limit:  # what the frontend refuses, let in (headless)
+            self._luce_fail(self.luce_admission.end_beyond_share(request.request_id))
 
     def schedule(self, *args, **kwargs):
+        if self.luce_admission is not None and getattr(self, "_luce_host_starved", False):
+            self._luce_make_host_room()
         output = super().schedule(*args, **kwargs)
         if self.luce_admission is not None:
             from vllm_luce.kvflash.engine_tiers import report
 
-            report(self.luce_admission, self._luce_tier_labels)
+            admission = self.luce_admission
+            # Requests wait for host memory that only this engine's own requests hold, and none of those ran: none
+            # will finish to give it back, so the next step makes room (``_luce_make_host_room``)
+            self._luce_host_starved = bool(admission.held_back) and not any(
+                admission.reserved.get(req_id) for req_id in output.num_scheduled_tokens)
+            report(admission, self._luce_tier_labels)
+            self._luce_fail(admission.take_expired(time.monotonic()))
         return output
+
+    def _luce_fail(self, expired: list[tuple[str, str]]) -> None:
+        """Requests that waited for host memory too long (``kvflash.host_wait_s``), or asked for more than their share
+        (``kvflash.host_request_bytes``), end with an error at this step's outputs (the row of vLLM's error set)."""
+        from vllm_luce.log import logger, tag
+
+        for req_id, why in expired:
+            setting = "host_wait_s" if why == "wait" else "host_request_bytes"
+            message = (f"KVFlash could not get host memory for this request's paged-out KV within "
+                       f"luce.kvflash.host_wait_s ({self.luce_admission.config.wait_s:g} s)" if why == "wait" else
+                       "this request's paged-out KV would need more host memory than luce.kvflash.host_request_bytes "
+                       f"({self.luce_admission.config.request_bytes} bytes)")
+            logger.warning("%s: request %s ends with an error: %s (raise luce.kvflash.%s or host_bytes)", tag(),
+                           req_id, message, setting)
+            errors = self.grammar_compile_error_reqs
+            if isinstance(errors, dict):  # vLLM hands each error's message to the client (RequestError)
+                from vllm.outputs import RequestError
+
+                errors[req_id] = RequestError(code="kvflash_host_memory", message=message, retryable=why == "wait")
+            else:
+                errors.add(req_id)
+
+    def _luce_make_host_room(self) -> None:
+        """Preempt the running request that vLLM would preempt first among those holding host memory, when another
+        waits for it: the one holding the memory alone is left waiting for other servers to give theirs back."""
+        admission = self.luce_admission
+        holders = [r for r in self.running if admission.reserved.get(r.request_id)]
+        if not holders:
+            return
+        victim = max(holders, key=lambda r: (r.priority, r.arrival_time)) if self.policy.name == "PRIORITY" \
+            else holders[-1]
+        if not admission.waiting_besides(victim.request_id):
+            return
+        self.running.remove(victim)
+        self._preempt_request(victim, time.monotonic())
 
     def update_from_output(self, scheduler_output, model_runner_output):
         result = super().update_from_output(scheduler_output, model_runner_output)
@@ -89,8 +137,16 @@ class KVFlashSchedulerMixin:
         cfg = self._luce_pager
         plan = Decisions(cfg.chunk_tokens, cfg.pool_tokens, cfg.epoch_tokens, cfg.tau_min, request.num_prompt_tokens)
         num_new_tokens = plan.cut(start, num_new_tokens)
-        if num_new_tokens and self.luce_admission is not None:  # the host memory of the room the worker makes
-            self.luce_admission.room[request.request_id] = plan.room_until(start, start + num_new_tokens)
+        manager, admission = getattr(self, "luce_kvflash_manager", None), self.luce_admission
+        if not num_new_tokens or manager is None:
+            return num_new_tokens
+        admission.room[request.request_id] = plan.room_until(start, start + num_new_tokens)
+        if start:  # a running request (prefix caching is off): its step's host memory, before vLLM allocates
+            end = min(start + num_new_tokens + (getattr(self, "num_lookahead_tokens", 0) or 0),
+                      self.vllm_config.model_config.max_model_len)
+            nbytes = manager.luce_step_host_bytes(request.request_id, admission.tokens_for(request.request_id, end))
+            if not admission.hold(request.request_id, nbytes):
+                return 0  # it waits for host memory this step; vLLM skips it and preempts nobody for it
         return num_new_tokens
 
 

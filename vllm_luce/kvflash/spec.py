@@ -104,16 +104,29 @@ class KVFlashManager(FullAttentionManager):
             request_id, self._cap(num_tokens), new_computed_blocks, total_computed_tokens, num_local_computed_tokens,
             self._cap(num_tokens_main_model), *args, **kwargs)
         admission = self.luce_admission
-        if admission is None:
+        if admission is None or kwargs.get("apply_admission_cap"):
+            # vLLM's check that a whole new sequence fits (scheduler_reserve_full_isl) reserves no host memory: the
+            # steps that page out wait for it (a refusal here would hold every request behind it in the queue)
             return blocks
-        cfg, held = admission.config, len(self.req_to_blocks.get(request_id, ())) + blocks
-        spare = self.block_pool.get_num_free_blocks() - blocks - cfg.reserve_blocks
-        num_tokens = admission.tokens_for(request_id, num_tokens)  # a decision's room (decisions.py)
-        lent = max(0, min(cfg.cold_blocks_wanted(num_tokens, held), spare))
-        if not admission.hold(request_id, cfg.host_bytes(num_tokens, held + lent)):
+        lent, nbytes = self._tiers(request_id, admission.tokens_for(request_id, num_tokens), blocks)
+        if not admission.hold(request_id, nbytes):
             return self.block_pool.num_gpu_blocks + 1  # more than exist: vLLM holds the request back or preempts
         self.luce_lent[request_id] = lent
         return blocks
+
+    def luce_step_host_bytes(self, request_id: str, num_tokens: int) -> int:
+        """The host bytes a running request's step to ``num_tokens`` tokens reserves (its allocation's, found before
+        it: the scheduler waits for host memory without taking it for too few blocks)."""
+        held = len(self.req_to_blocks.get(request_id, ()))
+        return self._tiers(request_id, num_tokens, max(0, cdiv(self._cap(num_tokens), self.block_size) - held))[1]
+
+    def _tiers(self, request_id: str, num_tokens: int, blocks: int) -> tuple[int, int]:
+        """(free blocks lent for cold chunks, host bytes) of a request growing to ``num_tokens`` with ``blocks`` new
+        blocks of its pool."""
+        cfg, held = self.luce_admission.config, len(self.req_to_blocks.get(request_id, ())) + blocks
+        spare = self.block_pool.get_num_free_blocks() - blocks - cfg.reserve_blocks
+        lent = max(0, min(cfg.cold_blocks_wanted(num_tokens, held), spare))
+        return lent, cfg.host_bytes(num_tokens, held + lent)
 
     def allocate_new_blocks(self, request_id, num_tokens, num_tokens_main_model):
         admission = self.luce_admission

@@ -66,6 +66,9 @@ CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
     "kvflash_held_back_requests": (
         "gauge", ("engine",), "Requests held back at the latest step because their page-outs would not fit host memory."),
     "kvflash_held_back_steps": ("counter", ("engine",), "Request steps held back for host memory, summed."),
+    "kvflash_host_wait_errors": (
+        "counter", ("engine",), "Requests ended with an error because host memory was not granted within "
+        "kvflash.host_wait_s, or they asked for more than kvflash.host_request_bytes."),
     # PFlash: the engine client (API server), and the scoring queue on rank 0's worker
     "pflash_prompts": ("counter", ("outcome",),
                        "Prompts seen by PFlash, by outcome: compressed; kept (scoring kept everything); failed; "
