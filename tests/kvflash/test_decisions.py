@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from vllm_luce.kvflash.decisions import Decisions
-from vllm_luce.kvflash.pager import PagerConfig, RequestPager, TensorStore
+from vllm_luce.kvflash.pager import PagerConfig, RequestPager
+from vllm_luce.kvflash.pool_store import TensorStore
 from vllm_luce.kvflash.policies import QK
 from vllm_luce.kvflash.query_window import push_queries
 

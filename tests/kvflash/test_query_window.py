@@ -12,7 +12,8 @@ from tests.kvflash.test_worker_v2 import CM, D, POOL, fake_runner, step
 from vllm_luce.config import LuceConfig
 from vllm_luce.kernels.chunk_salient import row_bytes, salient_decode, salient_scores_naive
 from vllm_luce.kernels.chunk_salient.naive import pack_int4
-from vllm_luce.kvflash.pager import PagerConfig, RequestPager, TensorStore
+from vllm_luce.kvflash.pager import PagerConfig, RequestPager
+from vllm_luce.kvflash.pool_store import TensorStore
 from vllm_luce.kvflash.policies import make_policy
 from vllm_luce.kvflash.query_window import push_queries, trim_queries, window_rows
 

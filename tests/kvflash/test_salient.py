@@ -11,7 +11,7 @@ import torch
 from vllm_luce.kernels.chunk_salient import row_bytes, salient_decode, salient_from_keys, salient_scores_naive
 from vllm_luce.kernels.chunk_salient.naive import pack_int4, salient_pair
 from vllm_luce.kernels.scored_dims import FAST_PAIRS, ScoredDims
-from vllm_luce.kvflash.pager import TensorStore
+from vllm_luce.kvflash.pool_store import TensorStore
 from vllm_luce.kvflash.policies import QK, Salient, make_policy
 
 

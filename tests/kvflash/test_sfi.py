@@ -5,7 +5,8 @@ equals attention over the selected chunks in logical order, and slow steps come 
 import pytest
 import torch
 
-from vllm_luce.kvflash.pager import PagerConfig, TensorStore
+from vllm_luce.kvflash.pager import PagerConfig
+from vllm_luce.kvflash.pool_store import TensorStore
 from vllm_luce.kvflash.policies import QK, Scorer
 from vllm_luce.kvflash.sfi import RequestSelection
 

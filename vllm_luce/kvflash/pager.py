@@ -41,11 +41,12 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 import torch
 
 from vllm_luce.kvflash.decisions import Decisions
+from vllm_luce.kvflash.pool_store import PagerStats, PoolStore, _nbytes, summarize
 from vllm_luce.kvflash.query_window import trim_queries
 from vllm_luce.log import logger
 
@@ -107,85 +108,6 @@ class PagerConfig:
         return (self.pool_chunks - self.sink_chunks - 2) * self.chunk_tokens
 
 
-class PoolStore(Protocol):
-    """One request's pool, addressed by pool position (chunk granular)."""
-
-    def read(self, position: int) -> torch.Tensor: ...
-    def rearrange(self, moves: list[tuple[int, int]], loads: list[tuple[int, torch.Tensor]]) -> None:
-        """Apply all ``(dst, src)`` position moves and ``(dst, data)`` loads as if at once."""
-    def summarize(self, position: int) -> torch.Tensor: ...
-    def key_bounds(self, position: int, page_tokens: int) -> torch.Tensor: ...
-    def capacity(self) -> int:
-        """Chunk positions the store has now (the pool's and the cold ones after them)."""
-    def chunk_nbytes(self) -> int:
-        """Bytes of one chunk paged out to host memory."""
-
-
-def summarize(policy, store: PoolStore, position: int) -> torch.Tensor:
-    """A full chunk's summary in the form ``policy`` scores (its ``summarize``), else the mean key."""
-    own = getattr(policy, "summarize", None)
-    return own(store, position) if own is not None else store.summarize(position)
-
-
-class TensorStore:
-    """A pool of chunk-sized positions in one tensor ``[positions, ...]`` (tests, benchmarks)."""
-
-    def __init__(self, positions: int, chunk_shape: tuple[int, ...], dtype=torch.bfloat16, device="cpu"):
-        self.data = torch.zeros((positions, *chunk_shape), dtype=dtype, device=device)
-
-    def capacity(self) -> int:
-        return self.data.shape[0]
-
-    def chunk_nbytes(self) -> int:
-        return _nbytes(self.data[0])
-
-    def read(self, position: int) -> torch.Tensor:
-        return self.data[position]
-
-    def rearrange(self, moves, loads) -> None:
-        sources = [self.data[src].clone() for _, src in moves]  # read everything before writing
-        for (dst, _), data in zip(moves, sources):
-            self.data[dst].copy_(data)
-        for dst, data in loads:
-            self.data[dst].copy_(data)
-
-    def summarize(self, position: int) -> torch.Tensor:
-        return self.data[position].float().mean(dim=-3)  # mean over the chunk's tokens
-
-    def chunk_keys(self, position: int) -> torch.Tensor:
-        return self.data[position]  # [..., tokens, H, D]
-
-    def key_bounds(self, position: int, page_tokens: int) -> torch.Tensor:
-        x = self.data[position]  # [..., tokens, H, D] -> [..., pages, H, 2 (min, max), D]
-        x = x.unflatten(-3, (-1, page_tokens))
-        return torch.stack([x.amin(dim=-3), x.amax(dim=-3)], dim=-2)
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-@dataclass
-class PagerStats:
-    page_outs: int = 0  # chunks out of the pool, to either tier
-    page_ins: int = 0  # chunks back into the pool, from either tier
-    cold_outs: int = 0  # of the page-outs, those to cold positions of the store (free KV blocks on the GPU)
-    cold_ins: int = 0
-    bytes_out: int = 0  # bytes copied to host memory
-    bytes_in: int = 0  # bytes copied back from host memory
-    moves: int = 0
-    reselections: int = 0
-    uncut_decisions: int = 0  # decision positions a step spanned: decided at its start, so its tokens may follow the cut
-    dropped: int = 0  # chunks discarded because the host budget was spent (host_full "drop" only)
-    lost: int = 0  # chunks of a context found in no tier and not dropped (or in two): a bug, logged where found
-    host_over_reserved: int = 0  # host chunks beyond what the scheduler reserved for the request, summed over steps
-    reselect_s: float = 0.0  # wall time of reselections, scoring and page-ins included
-    sparse_steps: int = 0  # SFI: decode steps over the selection
-    dense_steps: int = 0  # SFI: decode steps over the whole context (refreshes)
-    attended_tokens: int = 0  # SFI: tokens fast steps read, summed (their context: context_tokens)
-    context_tokens: int = 0
-
-
 @dataclass
 class RequestPager:
     config: PagerConfig
@@ -202,7 +124,6 @@ class RequestPager:
     prompt_tokens: int | None = None  # set by the worker; else learnt from ``prepare``'s decoded or prompt_end
     next_reselect: int = -1  # the next reselection position (``decisions.py``); -1: found at the next step
     _decisions: Decisions | None = None
-    reselected: bool = False  # a reselection position passed (with or without chunks to choose from)
     last_used: dict[int, int] = field(default_factory=dict)  # logical chunk -> token count when last used
     summaries: dict[int, torch.Tensor] = field(default_factory=dict)  # chunk -> its summary (the policy's form)
     queries: torch.Tensor | None = None  # [layers, q_heads, head_dim] of the latest token(s) (query_window.py)
@@ -307,7 +228,6 @@ class RequestPager:
         if reselect and not (self.host or self.cold):
             # Nothing paged out, nothing to choose: no wait for the device and no count (V2's warm-up alone ran
             # about 1,024 such requests, which the reselection metric counted)
-            self.reselected = True
             self._relayout({})
         elif reselect:
             settle = getattr(self.store, "settle", None)
@@ -450,7 +370,6 @@ class RequestPager:
         chunks, as a resumed request's recompute, reselects before its own chunks hold bytes); returns (chunk,
         source) loads: host bytes, or the cold position the chunk leaves. The page-ins give back their places
         before the page-outs take theirs, so a swap never needs room it frees."""
-        self.reselected = True
         self.stats.reselections += 1
         resident = [c for c in self.evictable() if c < first_written]
         away = self.paged_out()

@@ -38,7 +38,8 @@ from vllm_luce.kernels.scored_dims import ScoredDims
 from vllm_luce.kvflash.admission import AdmissionConfig
 from vllm_luce.kvflash.host_pool import PinnedChunkPool
 from vllm_luce.kvflash.kv_store import PagedPoolStore, copy_stream_for, to_device_async
-from vllm_luce.kvflash.pager import PagerConfig, PagerStats, RequestPager, summarize
+from vllm_luce.kvflash.pager import PagerConfig, RequestPager
+from vllm_luce.kvflash.pool_store import PagerStats, summarize
 from vllm_luce.kvflash.policies import make_policy
 from vllm_luce.kvflash.query_window import push_queries, window_rows
 from vllm_luce.kvflash.settings import resolve_pinned_bytes

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vllm_luce.kvflash.pager import PagerConfig, PagerStats, PoolStore, summarize
+from vllm_luce.kvflash.pager import PagerConfig
+from vllm_luce.kvflash.pool_store import PagerStats, PoolStore, summarize
 
 
 @dataclass
