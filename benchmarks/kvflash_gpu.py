@@ -56,6 +56,8 @@ import sys
 from pathlib import Path
 
 from benchmarks import report, vllm_gpu_common as G
+from vllm_luce.kvflash.decisions import Decisions
+from vllm_luce.kvflash.pager import PagerConfig
 
 MODES = ("kvflash", "vllm", "off")  # in this order: if the budget runs out, the optional engine is the one left out
 GOAL_FLAT, GOAL_LONG, GOAL_BATCH, GOAL_LAST_TTFT = 1.15, 1.7, 3.0, 1.25
@@ -209,15 +211,17 @@ def profiler_stop(worker, top: int) -> dict:
 
 
 def amortize(row: dict, steps: int) -> None:
-    """KVFlash reselects every ``tau = max(16, context / 45)`` decoded tokens (``pager.py``): every ~2,900 at 128K,
-    so a window of 128 steps at long contexts holds none. ``amortized_step_ms`` adds each request's reselection
-    cost once per tau steps, the cost measured over the request (its prompt-end reselection included)."""
+    """KVFlash reselects every ``tau`` decoded tokens, the largest power of two up to max(16, context / 45)
+    (``Decisions.interval``): every 2,048 at 128K, so a window of 128 steps at long contexts holds none.
+    ``amortized_step_ms`` adds each request's reselection cost once per tau steps, the cost measured over the request
+    (its prompt-end reselection included)."""
     before, after = row.get("kvflash_before", {}), row.get("kvflash", {})
     count = after.get("reselections", 0) - before.get("reselections", 0)
     if not after.get("bound") or not count or not row.get("step_ms"):
         return
     seconds = after["reselect_s"] - before["reselect_s"]
-    tau = max(16, (max(row["prompt_tokens"]) + steps) // 45)
+    tau = Decisions(chunk_tokens=64, pool_tokens=0, epoch_tokens=64, tau_min=PagerConfig.tau_min,
+                    prompt_tokens=0).interval(max(row["prompt_tokens"]) + steps)
     row.update(reselections=count, reselection_ms=round(seconds / count * 1e3, 3), tau_tokens=tau,
                amortized_step_ms=round(row["step_ms"] + row["requests"] * seconds / count * 1e3 / tau, 3))
 
