@@ -41,7 +41,7 @@ OWN_OBJECTS = {
     ("vllm_luce.vllm026.context_stash_v2", "step"),  # PlainStep
 }
 REGISTRY_CALLS = {"register", "register_model", "_ensure_registered"}
-NOT_VLLM = {"atexit"}  # registries that are not vLLM's (atexit.register)
+NOT_VLLM = {"atexit", "os"}  # registries that are not vLLM's (atexit.register, os.register_at_fork)
 LUCE_PREFIXES = ("luce_", "_luce_", "__luce_")
 
 
