@@ -12,6 +12,8 @@ state=${LUCE_LOAD_FAULT_STATE:-/tmp/luce-load-fault}
 case ${1:?start or collect} in
   start)
     shift
+    [ -f .gpukit/bin/env.sh ] && source .gpukit/bin/env.sh  # the kit's vLLM (carry .gpukit/bin with the call)
+    command -v vllm > /dev/null || { echo "no vllm on PATH: carry .gpukit/bin in this call (the kit, docs/gpu.md)" >&2; exit 2; }
     rm -rf "$state" && mkdir -p "$state/work"
     LUCE_GIT_COMMIT=${LUCE_GIT_COMMIT:-$(git rev-parse --short HEAD 2> /dev/null || echo unknown)} \
       setsid nohup python3 -m benchmarks.load_fault --scale "${LUCE_SCALE:-gpu}" --json "$state/load_fault.json" \
