@@ -55,7 +55,7 @@ START_TIMEOUT_S = {"cpu": 300, "gpu": 600}
 # vLLM's own additional setting on Hopper (tests/gpu/conftest.py: the kit has no FlashInfer).
 GPU_VLLM_ADDITIONAL = {"gdn_prefill_backend": "triton"}
 # --without NAME: the profile's switch it turns off
-WITHOUT = {"dflash": "dflash", "pflash": "pflash", "cold": "gpu_cold", "aborts": "aborts"}
+WITHOUT = {"dflash": "dflash", "pflash": "pflash", "cold": "gpu_cold", "aborts": "aborts", "luce": "luce"}  # luce: vLLM alone
 CPU_ONLY_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND")
 
 
@@ -105,10 +105,10 @@ def luce_config(profile: Profile, ledger: Path) -> dict:
 
 
 def server_args(profile: Profile, ledger: Path) -> list[str]:
-    additional = luce_config(profile, ledger)
+    additional = luce_config(profile, ledger) if profile.luce else {}
     args = ["--max-model-len", str(profile.max_model_len), "--dtype", "bfloat16", "--no-enable-prefix-caching",
             "--max-num-seqs", str(profile.max_num_seqs), "--seed", "0"]
-    if profile.dflash:
+    if profile.dflash and profile.luce:
         args += ["--speculative-model", "dflash"]
     if profile.kv_blocks is not None:
         args += ["--num-gpu-blocks-override", str(profile.kv_blocks)]
@@ -122,6 +122,10 @@ def make_server(scale: str, profile: Profile, workdir: Path, ledger: Path, log: 
     from fixtures.server import Server
 
     server = Server(models(scale, workdir), log, *server_args(profile, ledger), served_name=SERVED)
+    if not profile.luce:  # vLLM alone: no plugin loads
+        server.env["VLLM_PLUGINS"] = ""
+    if profile.batch_invariant:
+        server.env["VLLM_BATCH_INVARIANT"] = "1"
     if scale == "gpu":  # vLLM's GPU defaults (CUDA graphs), a context past the model's 32K positions
         server.args = [a for a in server.args if a != "--enforce-eager"]
         server.env = {k: v for k, v in server.env.items() if k not in CPU_ONLY_ENV}
@@ -375,7 +379,20 @@ def write(run: dict, args) -> bool:
     return report["passed"]
 
 
-def main(argv: list[str] | None = None) -> int:
+def profile_of(args) -> Profile:
+    profile = replace(PROFILES[args.scale].scaled(args.seconds, args.streams, args.canary_streams),
+                      **{WITHOUT[name]: False for name in args.without}, batch_invariant=args.batch_invariant)
+    if not profile.luce:  # vLLM alone: none of the features, and the checks of vLLM's own behaviour only
+        profile = replace(profile, dflash=False, pflash=False)
+    return profile
+
+
+def main_profile(argv: list[str]) -> Profile:
+    """The profile ``main`` runs for these arguments (without running it)."""
+    return profile_of(parser().parse_args(argv))
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("--scale", choices=sorted(PROFILES), required=True)
@@ -386,10 +403,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--canary-streams", type=int, help="streams that send the canaries in turn (gpu 1, cpu 2)")
     ap.add_argument("--without", action="append", choices=WITHOUT, default=[],
                     help="run with one thing off, to rule it in or out of a finding (repeatable)")
+    ap.add_argument("--batch-invariant", action="store_true",
+                    help="vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1, GPU): vLLM alone's greedy answers then "
+                         "do not depend on the batch")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    profile = replace(PROFILES[args.scale].scaled(args.seconds, args.streams, args.canary_streams),
-                      **{WITHOUT[name]: False for name in args.without})
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    profile = profile_of(args)
     command = ["benchmarks.load_fault", *(argv if argv is not None else sys.argv[1:])]
     run = {"header": header(command), "profile": profile.__dict__, "profile_obj": profile, "started": time.monotonic(),
            "served": SERVED, "timings": {}, "kv_rounds": [], "reference": [], "canaries": [], "outcomes": [],

@@ -298,3 +298,21 @@ def test_a_pflash_run_shed_under_load_is_counted_apart_not_compared():
     assert checks["paged_canaries_equal_the_reference"]["ok"] and row["greedy_compared"] == 2
     assert row["kept_as_reference"] == 2 and row["kept_differs"] == [
         f"pflash-canary1: kept 1700 (deadline), reference {int(1700 * 0.3)}"]
+
+
+def test_vllm_alone_runs_without_the_plugin_and_keeps_only_vllm_s_own_checks(tmp_path):
+    """``--without luce``: vLLM alone under the same load, to measure its own canary variance; the checks of what only
+    vllm-luce does are left out, the others still fail as they should."""
+    from benchmarks.load_fault import main_profile, server_args
+    from fixtures.load_fault_checks import LUCE_ONLY
+
+    alone = main_profile(["--scale", "gpu", "--json", "x", "--without", "luce", "--batch-invariant"])
+    assert not (alone.luce or alone.dflash or alone.pflash) and alone.batch_invariant
+    args = server_args(alone, tmp_path / "ledger")
+    assert "--speculative-model" not in args and "luce" not in args[args.index("--additional-config") + 1]
+    assert main_profile(["--scale", "cpu", "--json", "x"]).luce
+    luce_free = made_up_run(profile_obj=replace(made_up_run()["profile_obj"], luce=False, dflash=False, pflash=False))
+    luce_free["after"] = luce_free["after"].replace('outcome="cancelled"} 1', 'outcome="cancelled"} 0')
+    summary, checks, _ = evaluate(luce_free, "")
+    assert not set(LUCE_ONLY) & set(checks) and all(c["ok"] for c in checks.values()), checks
+    assert not evaluate({**luce_free, "before": luce_free["after"]}, "")[1]["vllm_preempted"]["ok"]
