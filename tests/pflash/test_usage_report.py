@@ -219,3 +219,31 @@ def test_other_paths_and_requests_without_records_pass_through_untouched():
             await send(message)
 
     assert asyncio.run(run_app(untouched)) == json_response({"id": "cmpl-i", "usage": {}})
+
+
+def test_a_large_body_is_spliced_not_parsed_and_every_other_byte_stays(monkeypatch):
+    """A non-streamed body of MiBs (prompt logprobs) gets the field by a search, never a JSON parse of the body (which
+    held the API server's event loop for 197 ms on a 5.9 MiB body), in vLLM's compact JSON and with spaces alike."""
+    recs = records(cmpl_b=(9000, 900, "compressed"))
+    logprobs = [{str(i): {"logprob": -0.5, "rank": 1, "decoded_token": 'say "usage":{ here'}} for i in range(60_000)]
+    body = {"id": "cmpl-b", "object": "text_completion", "choices": [{"text": '"usage":{', "index": 0}],
+            "prompt_logprobs": logprobs, "usage": {"prompt_tokens": 900, "total_tokens": 904}}
+    loads = json.loads
+
+    def small_only(raw, *args, **kwargs):
+        assert len(raw) < 1000, "the body was parsed"
+        return loads(raw, *args, **kwargs)
+
+    for separators in ((",", ":"), (", ", ": ")):
+        raw = json.dumps(body, separators=separators).encode()
+        assert len(raw) > 4 << 20
+        monkeypatch.setattr(U.json, "loads", small_only)
+        out = U.rewrite_json(raw, recs)
+        monkeypatch.undo()
+        field = U.usage_field(recs, "cmpl-b")
+        assert json.loads(out) == {**body, "usage": {"luce_pflash": field, **body["usage"]}}
+        at = out.index(b'"luce_pflash"')
+        inserted = out[at:].index(b"},") + 2  # the field and its comma
+        assert out[:at] + out[at + inserted:] == raw  # nothing else moved
+    empty = json.dumps({"id": "cmpl-b", "usage": {}}, separators=(",", ":")).encode()
+    assert json.loads(U.rewrite_json(empty, recs))["usage"] == {"luce_pflash": U.usage_field(recs, "cmpl-b")}

@@ -17,6 +17,7 @@ or the client goes away, and a request added outside such an HTTP request (the o
 from __future__ import annotations
 
 import json
+import re
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
@@ -104,13 +105,33 @@ def _dumps(body: Any) -> bytes:
     return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")  # as vLLM's JSON responses
 
 
+_ID = re.compile(rb'\{\s*"id"\s*:\s*("(?:[^"\\]|\\.)*")')  # the response's id: its first key in vLLM's bodies
+_USAGE = re.compile(rb'"usage"\s*:\s*\{')
+
+
 def rewrite_json(raw: bytes, records: Mapping[str, Record]) -> bytes | None:
-    """A non-streamed response's body with the field in its usage; None to send it as it is."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
+    """A non-streamed response's body with the field in its usage; None to send it as it is. The field is spliced in,
+    the body never parsed: every other byte stays as it was, and a body of MiBs (prompt logprobs) costs a search, not
+    a parse and a rewrite on the API server's event loop. The usage object is the body's last ``"usage": {``: a
+    string's quotes are escaped, and the usage comes after the choices."""
+    found = _ID.match(raw)
+    if found is None:
         return None
-    return _dumps(body) if _add_field(body, records, usage_chunk_only=False) else None
+    field = usage_field(records, json.loads(found.group(1)))
+    if field is None:
+        return None
+    at = raw.rfind(b'"usage":{')  # vLLM's compact JSON
+    if at >= 0:
+        end = at + len(b'"usage":{')
+    else:
+        last = None
+        for last in _USAGE.finditer(raw):
+            pass
+        if last is None:
+            return None
+        end = last.end()
+    rest = raw[end:]
+    return raw[:end] + f'"{FIELD}":'.encode() + _dumps(field) + (b"" if rest.lstrip()[:1] == b"}" else b",") + rest
 
 
 def rewrite_events(raw: bytes, records: Mapping[str, Record]) -> bytes | None:
