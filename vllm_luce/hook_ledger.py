@@ -337,7 +337,9 @@ LEDGER += (
         how="Overridden in vllm-luce's scheduler classes (KVFlashSchedulerMixin, installed with vLLM's "
             "scheduler_cls setting), which set need_mamba_block_aligned_split so vLLM calls it: vLLM's "
             "alignment runs where vLLM wanted it, then a step that would end beyond the pool ends at the "
-            "request's next decision position (Decisions.cut). The signature is checked when the scheduler starts.",
+            "request's next decision position (Decisions.cut; with asynchronous scheduling, a step that may start "
+            "before one, by the tokens in flight of Request.num_output_placeholders, takes one token). The "
+            "signature is checked when the scheduler starts.",
         remove_when="vLLM offers a per-request prefill chunking hook for plugins.",
     ),
     LedgerEntry(

@@ -96,6 +96,8 @@ EXPECTED: dict[str, str] = {
         ATTRIBUTE,
     "vllm.v1.request:Request.max_tokens":
         ATTRIBUTE,
+    "vllm.v1.request:Request.num_output_placeholders":
+        ATTRIBUTE,
     "vllm.v1.worker.utils:AttentionGroup.metadata_builders":
         ATTRIBUTE,
     "vllm.v1.attention.backend:AttentionMetadataBuilder.build":

@@ -188,7 +188,8 @@ PATCHES: dict[str, tuple[str, ...]] = {
         "KVFlash; PFlash", ON_IMPORT, "the same"),
     "vllm.v1.core.sched.scheduler:Scheduler._mamba_block_aligned_split": (
         "KVFlash", SCHEDULER_START, "a paged request's steps end at its decision positions",
-        "vllm.v1.core.sched.async_scheduler:AsyncScheduler._mamba_block_aligned_split"),
+        "vllm.v1.core.sched.async_scheduler:AsyncScheduler._mamba_block_aligned_split",
+        "vllm.v1.request:Request.num_output_placeholders"),
     "vllm.v1.engine.async_llm:AsyncLLM.add_request": (
         "PFlash; DFlash; KVFlash", ENGINE_CLIENT, "check per-request switches (an HTTP 400); compress eligible "
         "prompts; refuse a prompt beyond KVFlash's host share (an HTTP 400)"),

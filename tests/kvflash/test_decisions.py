@@ -53,6 +53,26 @@ def test_the_cut_ends_each_step_at_the_next_decision():
     assert d.cut(50, 5) == 2  # a verify step of 1 + 4 tokens: up to the chunk boundary 52
 
 
+def test_a_step_whose_start_is_known_only_up_to_the_drafts_in_flight_never_runs_across_a_decision():
+    """Asynchronous scheduling counts the drafts of the step in flight as accepted: the scheduler sees a start up to
+    ``behind`` tokens after the step's real one. Cut with ``behind``, no real step runs across a decision position;
+    cut without it, some do."""
+    rng, spans_without = random.Random(0), 0
+    for _ in range(4000):
+        d = plan(rng.randrange(10, 80))
+        real, behind = rng.randrange(d.prompt_tokens, 200), rng.randrange(0, MAX_DRAFTS + 2)
+        seen, want = real + rng.randrange(0, behind + 1), rng.randrange(1, MAX_DRAFTS + 2)  # as the scheduler sees
+        n = d.cut(seen, want, behind=behind)
+        assert n >= 1 and not spans(d, real, n), (real, seen, behind, n)
+        spans_without += spans(d, real, d.cut(seen, want))
+    assert spans_without > 100
+
+
+def spans(d: Decisions, start: int, n: int) -> bool:
+    """Whether a step of ``n`` tokens from ``start`` that ends beyond the pool runs across a decision position."""
+    return start + n > d.pool_tokens and any(d.is_decision(p) for p in range(start + 1, start + n))
+
+
 def value(position: int, salt: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(position * 7 + salt)
     return torch.randn(SHAPE[0], *SHAPE[2:], generator=g)  # one token's keys, a function of its position

@@ -18,7 +18,8 @@ So the pager decides only at **decision positions**, a function of the prompt's 
   any length.
 
 The scheduler cuts each step of a request whose step would end beyond the pool at the next decision position
-(``cut``), so every decision falls at a step's start, with the queries of the tokens just before it: a resumed
+(``cut``; with asynchronous scheduling, where a step's start is known only up to the drafts in flight, a step that
+may start before a decision takes one token), so every decision falls at a step's start, with the queries of the tokens just before it: a resumed
 request's recompute, a step shared with others and a verify step of drafts all see the residency the request alone
 would. Steps that end within the pool are never cut: nothing can be paged out before the context outgrows the pool.
 """
@@ -86,9 +87,13 @@ class Decisions:
         one (a whole prefill epoch, chunks paged out at once); between two, the step's own."""
         return max(end, self.next_after(start)) if self.is_decision(start) else end
 
-    def cut(self, start: int, num_new: int) -> int:
+    def cut(self, start: int, num_new: int, behind: int = 0) -> int:
         """How many of ``num_new`` tokens from ``start`` one step may take: up to the next decision position when
-        the step would end beyond the pool, else all."""
+        the step would end beyond the pool, else all. ``behind``: the step may start up to that many tokens before
+        ``start`` (asynchronous scheduling counts the drafts of the step in flight as accepted before it knows); where
+        a decision lies in that span, the step takes one token, which never runs across a decision."""
         if start + num_new <= self.pool_tokens:
             return num_new
+        if behind and self.next_after(start - behind) <= start:
+            return min(num_new, 1)
         return min(num_new, self.next_after(start) - start)

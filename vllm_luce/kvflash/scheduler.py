@@ -136,7 +136,8 @@ class KVFlashSchedulerMixin:
         start = request.num_computed_tokens + num_new_local_computed_tokens + num_external_computed_tokens
         cfg = self._luce_pager
         plan = Decisions(cfg.chunk_tokens, cfg.pool_tokens, cfg.epoch_tokens, cfg.tau_min, request.num_prompt_tokens)
-        num_new_tokens = plan.cut(start, num_new_tokens)
+        # asynchronous scheduling: the step in flight's tokens (its drafts too) count as computed until its output
+        num_new_tokens = plan.cut(start, num_new_tokens, behind=request.num_output_placeholders)
         manager, admission = getattr(self, "luce_kvflash_manager", None), self.luce_admission
         if not num_new_tokens or manager is None:
             return num_new_tokens
