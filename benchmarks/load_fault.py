@@ -54,8 +54,8 @@ IDLE_WAIT_S = {"cpu": 30, "gpu": 60}  # the longest wait for the idle state afte
 START_TIMEOUT_S = {"cpu": 300, "gpu": 600}
 # vLLM's own additional setting on Hopper (tests/gpu/conftest.py: the kit has no FlashInfer).
 GPU_VLLM_ADDITIONAL = {"gdn_prefill_backend": "triton"}
-# --without NAME: the profile's switch it turns off
-WITHOUT = {"dflash": "dflash", "pflash": "pflash", "cold": "gpu_cold", "aborts": "aborts", "luce": "luce"}  # luce: vLLM alone
+# --without NAME: the profile's switch it turns off (luce: vLLM alone)
+WITHOUT = {"dflash": "dflash", "pflash": "pflash", "cold": "gpu_cold", "aborts": "aborts", "luce": "luce"}
 CPU_ONLY_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND")
 
 

@@ -16,8 +16,6 @@ import asyncio
 import concurrent.futures
 import json
 import shutil
-import subprocess
-import sys
 import time
 
 import httpx
@@ -207,14 +205,13 @@ def test_host_memory_smaller_than_the_load_holds_requests_back_and_drops_nothing
     it, and all complete once it frees, nothing dropped. A prompt beyond one request's share is refused with a 400
     naming the setting, streamed or not, and the server goes on. (Two long prompts never run at once in this KV
     cache, so the other server's hold makes the wait.)"""
-    from tests.e2e.test_kvflash_refusal import HOLDER
+    from tests.e2e.test_kvflash_refusal import hold_elsewhere
 
     opt_out = {"vllm_xargs": {"luce_pflash": "off"}}
     work = [L.Item(i, "long", p, greedy=True, max_tokens=8, extra_body=opt_out) for i, p in enumerate(prompts["long"][:4])]
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(server.host_ledger), str(HOST_BYTES), str(35 * CHUNK_BYTES)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    # another server holds 35 of the 40 chunks: the 5 left are less than any long prompt pages out
+    holder = hold_elsewhere(str(server.host_ledger), HOST_BYTES, 35 * CHUNK_BYTES)
     try:
-        assert holder.stdout.readline().strip() == "held"  # 5 chunks left: less than any long prompt pages out
         before = L.metric(metrics(server), "vllm:luce_kvflash_held_back_steps_total")
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             load = pool.submit(asyncio.run, L.run_load(server.base_url, "t", work, len(work)))

@@ -35,6 +35,27 @@ sys.stdin.read()  # until the test closes our stdin
 """
 
 
+def hold_elsewhere(path: str, budget: int, nbytes: int | None = None) -> subprocess.Popen:
+    """Another process (a server) holding ``nbytes`` (all of ``budget``) of the host ledger at ``path``, until its
+    stdin closes."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, path, str(budget), str(nbytes or budget)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def record_preemptions(scheduler) -> list[str]:
+    """The ids of the requests vLLM's scheduler preempts from now on, in order."""
+    preempted, preempt = [], scheduler._preempt_request
+
+    def recording(request, *args, **kwargs):
+        preempted.append(request.request_id)
+        return preempt(request, *args, **kwargs)
+
+    scheduler._preempt_request = recording
+    return preempted
+
+
 @pytest.fixture(scope="module")
 def qwen(tiny_model):
     return tiny_model("qwen3_6")
@@ -44,19 +65,10 @@ def test_a_refused_request_preempts_no_bystander_and_runs_once_memory_frees(qwen
     from vllm import SamplingParams
 
     path, budget = str(tmp_path / "ledger"), 40 * chunk_bytes(qwen)
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, path, str(budget)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "held"  # another server took the whole budget
+    holder = hold_elsewhere(path, budget)  # another server takes the whole budget
+    try:  # another server took the whole budget
         llm = make_llm(qwen, kvflash(POOL, gpu_cold=False, host_bytes=budget, host_ledger=path))
-        scheduler = engine(llm).scheduler
-        preempted, preempt = [], scheduler._preempt_request
-
-        def recording(request, *args, **kwargs):
-            preempted.append(request.request_id)
-            return preempt(request, *args, **kwargs)
-
-        scheduler._preempt_request = recording
+        preempted = record_preemptions(engine(llm).scheduler)
         params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
         llm.llm_engine.add_request("long", prompt(3000, 1), params)  # pages out beyond the pool: needs host memory
         for i in range(8):
@@ -90,14 +102,7 @@ def test_requests_waiting_on_each_others_host_memory_make_room_by_preempting_one
 
     budget = 40 * chunk_bytes(qwen)
     llm = make_llm(qwen, kvflash(POOL, gpu_cold=False, host_bytes=budget, host_ledger=str(tmp_path / "ledger")))
-    scheduler = engine(llm).scheduler
-    preempted, preempt = [], scheduler._preempt_request
-
-    def recording(request, *args, **kwargs):
-        preempted.append(request.request_id)
-        return preempt(request, *args, **kwargs)
-
-    scheduler._preempt_request = recording
+    preempted = record_preemptions(engine(llm).scheduler)
     long, short = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True), \
         SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     names = ["long0", "long1", *(f"short{i}" for i in range(4))]
@@ -122,10 +127,8 @@ def test_a_request_that_cannot_get_host_memory_in_time_or_at_all_ends_with_an_er
     # huge prompt before the engine
     monkeypatch.setattr("vllm_luce.kvflash.engine_tiers.read_facts", lambda vllm_config: None)
     path, budget = str(tmp_path / "ledger"), 40 * chunk_bytes(qwen)
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, path, str(budget)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = hold_elsewhere(path, budget)  # another server takes the whole budget
     try:
-        assert holder.stdout.readline().strip() == "held"
         llm = make_llm(qwen, kvflash(POOL, gpu_cold=False, host_bytes=budget, host_ledger=path, host_wait_s=1.0))
         scheduler, why = engine(llm).scheduler, {}
         fail = scheduler._luce_fail

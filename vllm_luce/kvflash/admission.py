@@ -149,8 +149,9 @@ class HostAdmission:
         return bool(self.last_held_back - {req_id})
 
     def end_step(self, now: float | None = None) -> int:
-        """After the scheduler's step (at ``now``, ``time.monotonic`` by default): reservations that were not allocated return, the
-        claim settles unless the step touched the ledger; returns the number of requests held back in it."""
+        """After the scheduler's step (at ``now``, ``time.monotonic`` by default): reservations that were not
+        allocated return, the claim settles unless the step touched the ledger, and the requests refused start their
+        wait; returns the number of requests held back in it."""
         now = time.monotonic() if now is None else now
         for req_id in self.held_back:
             self.waiting_since.setdefault(req_id, now)
