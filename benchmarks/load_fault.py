@@ -124,8 +124,6 @@ def make_server(scale: str, profile: Profile, workdir: Path, ledger: Path, log: 
     server = Server(models(scale, workdir), log, *server_args(profile, ledger), served_name=SERVED)
     if not profile.luce:  # vLLM alone: no plugin loads
         server.env["VLLM_PLUGINS"] = ""
-    if profile.batch_invariant:
-        server.env["VLLM_BATCH_INVARIANT"] = "1"
     if scale == "gpu":  # vLLM's GPU defaults (CUDA graphs), a context past the model's 32K positions
         server.args = [a for a in server.args if a != "--enforce-eager"]
         server.env = {k: v for k, v in server.env.items() if k not in CPU_ONLY_ENV}
@@ -381,7 +379,7 @@ def write(run: dict, args) -> bool:
 
 def profile_of(args) -> Profile:
     profile = replace(PROFILES[args.scale].scaled(args.seconds, args.streams, args.canary_streams),
-                      **{WITHOUT[name]: False for name in args.without}, batch_invariant=args.batch_invariant)
+                      **{WITHOUT[name]: False for name in args.without})
     if not profile.luce:  # vLLM alone: none of the features, and the checks of vLLM's own behaviour only
         profile = replace(profile, dflash=False, pflash=False)
     return profile
@@ -403,9 +401,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--canary-streams", type=int, help="streams that send the canaries in turn (gpu 1, cpu 2)")
     ap.add_argument("--without", action="append", choices=WITHOUT, default=[],
                     help="run with one thing off, to rule it in or out of a finding (repeatable)")
-    ap.add_argument("--batch-invariant", action="store_true",
-                    help="vLLM's batch-invariant mode (VLLM_BATCH_INVARIANT=1, GPU): vLLM alone's greedy answers then "
-                         "do not depend on the batch")
     ap.add_argument("--seed", type=int, default=0)
     return ap
 

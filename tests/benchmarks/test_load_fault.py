@@ -306,8 +306,8 @@ def test_vllm_alone_runs_without_the_plugin_and_keeps_only_vllm_s_own_checks(tmp
     from benchmarks.load_fault import main_profile, server_args
     from fixtures.load_fault_checks import LUCE_ONLY
 
-    alone = main_profile(["--scale", "gpu", "--json", "x", "--without", "luce", "--batch-invariant"])
-    assert not (alone.luce or alone.dflash or alone.pflash) and alone.batch_invariant
+    alone = main_profile(["--scale", "gpu", "--json", "x", "--without", "luce"])
+    assert not (alone.luce or alone.dflash or alone.pflash)
     args = server_args(alone, tmp_path / "ledger")
     assert "--speculative-model" not in args and "luce" not in args[args.index("--additional-config") + 1]
     assert main_profile(["--scale", "cpu", "--json", "x"]).luce
