@@ -19,9 +19,10 @@ So the pager decides only at **decision positions**, a function of the prompt's 
 
 The scheduler cuts each step of a request whose step would end beyond the pool at the next decision position
 (``cut``; with asynchronous scheduling, where a step's start is known only up to the drafts in flight, a step that
-may start before a decision takes one token), so every decision falls at a step's start, with the queries of the tokens just before it: a resumed
-request's recompute, a step shared with others and a verify step of drafts all see the residency the request alone
-would. Steps that end within the pool are never cut: nothing can be paged out before the context outgrows the pool.
+may start before a decision takes one token), so every decision falls at a step's start, with the queries of the
+tokens just before it: a resumed request's recompute, a step shared with others and a verify step of drafts all see
+the residency the request alone would. Steps that end within the pool are never cut: nothing can be paged out
+before the context outgrows the pool.
 """
 
 from __future__ import annotations

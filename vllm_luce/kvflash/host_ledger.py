@@ -69,7 +69,7 @@ def auto_budget(meminfo: str = "/proc/meminfo", cgroup: str | None = "/proc/self
     except (OSError, StopIteration, ValueError, IndexError):
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     left = cgroup_memory_left(cgroup, cgroup_root) if cgroup else None
-    return min(available, available if left is None else left) // 2
+    return (available if left is None else min(available, left)) // 2
 
 
 def cgroup_memory_left(cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
@@ -115,8 +115,8 @@ def _token() -> int:
 
 def _earlier_version_live(data: bytes) -> bool:
     """Whether a ledger of the earlier format has a slot whose process (by pid) may still run."""
-    return any(SLOT.unpack_from(data, HEADER.size + i * SLOT.size)[0] > 0 and os.path.exists(
-        f"/proc/{SLOT.unpack_from(data, HEADER.size + i * SLOT.size)[0]}") for i in range(SLOTS))
+    pids = (SLOT.unpack_from(data, HEADER.size + i * SLOT.size)[0] for i in range(SLOTS))
+    return any(pid > 0 and os.path.exists(f"/proc/{pid}") for pid in pids)
 
 
 def _open_checked(path: str, write: bool = True) -> int:
@@ -368,7 +368,7 @@ class HostLedger:
         token = SLOT.unpack_from(self._map, self._offset(index))[0]
         if not token:
             return False
-        if token == _token() or index in self._mine or _held_by_someone(self._fd, index):
+        if token == _token() or _held_by_someone(self._fd, index):
             return True
         SLOT.pack_into(self._map, self._offset(index), 0, 0, 0, 0, 0)
         return False

@@ -87,12 +87,12 @@ def usage_field(records: Mapping[str, Record], response_id: str) -> dict[str, An
     return field
 
 
-def _add_field(body: Any, records: Mapping[str, Record], usage_chunk_only: bool) -> bool:
-    """Write the field into a response object's usage; False when it has none, or (a stream's chunk) is not the
-    usage chunk, which alone has no choices."""
+def _add_to_usage_chunk(body: Any, records: Mapping[str, Record]) -> bool:
+    """Write the field into a stream's usage chunk (the one chunk with a usage and no choices); False for any other
+    event."""
     if not isinstance(body, dict) or not isinstance(body.get("usage"), dict) or not isinstance(body.get("id"), str):
         return False
-    if usage_chunk_only and body.get("choices") != []:
+    if body.get("choices") != []:
         return False
     field = usage_field(records, body["id"])
     if field is None:
@@ -120,16 +120,12 @@ def rewrite_json(raw: bytes, records: Mapping[str, Record]) -> bytes | None:
     field = usage_field(records, json.loads(found.group(1)))
     if field is None:
         return None
-    at = raw.rfind(b'"usage":{')  # vLLM's compact JSON
-    if at >= 0:
-        end = at + len(b'"usage":{')
-    else:
-        last = None
-        for last in _USAGE.finditer(raw):
-            pass
-        if last is None:
-            return None
-        end = last.end()
+    last = None
+    for last in _USAGE.finditer(raw):
+        pass
+    if last is None:
+        return None
+    end = last.end()
     rest = raw[end:]
     return raw[:end] + f'"{FIELD}":'.encode() + _dumps(field) + (b"" if rest.lstrip()[:1] == b"}" else b",") + rest
 
@@ -147,7 +143,7 @@ def rewrite_events(raw: bytes, records: Mapping[str, Record]) -> bytes | None:
             body = json.loads(event[len(b"data: "):])
         except ValueError:
             continue
-        if _add_field(body, records, usage_chunk_only=True):
+        if _add_to_usage_chunk(body, records):
             events[i], changed = b"data: " + _dumps(body), True
     return b"\n\n".join(events) if changed else None
 
