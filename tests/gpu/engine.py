@@ -1,7 +1,7 @@
 """One vLLM engine on the GPU, run as a subprocess by the GPU tier: `python -m tests.gpu.engine SPEC OUT`.
 
 SPEC (JSON): {"model": path, "llm": {LLM keyword arguments}, "prompts": [text or token-id lists],
-"max_tokens": n, "xargs": [each prompt's vllm_xargs or null], "predictable": bool (register the test-only drafter class; in-process engines only),
+"max_tokens": n (or one per prompt), "xargs": [each prompt's vllm_xargs or null], "predictable": bool (register the test-only drafter class; in-process engines only),
 "rpc": ["kvflash"] (the workers' KVFlash totals; "reselections": each worker's reselections of every request:
 (tokens, resident before, resident after, {chunk: score}), any engine), "kvflash_probe": bool,
 "record_reselections": bool (each request's KVFlash reselections, in-process engines only), "logprobs": k (each
@@ -51,8 +51,10 @@ def run(spec: dict) -> dict:
         probe = kvflash_probe.install(llm)
     prompts = [{"prompt_token_ids": p} if isinstance(p, list) else p for p in spec["prompts"]]
     xargs = spec.get("xargs") or [None] * len(prompts)  # each prompt's vllm_xargs
-    params = [SamplingParams(max_tokens=spec.get("max_tokens", 24), temperature=0.0, ignore_eos=True, extra_args=x,
-                             logprobs=spec.get("logprobs")) for x in xargs]
+    lengths = spec.get("max_tokens", 24)
+    lengths = lengths if isinstance(lengths, list) else [lengths] * len(prompts)
+    params = [SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True, extra_args=x,
+                             logprobs=spec.get("logprobs")) for x, n in zip(xargs, lengths)]
     if "reselections" in spec.get("rpc", ()):
         llm.collective_rpc(_start_recording)
     start = time.perf_counter()
