@@ -96,8 +96,10 @@ def models(scale: str, workdir: Path) -> Path:
 def luce_config(profile: Profile, ledger: Path) -> dict:
     from fixtures.trained import trained_model
 
+    # one request may hold the whole budget (auto: half of it): the longest prompts page out more than half
     luce = {"kvflash": {"pool_tokens": profile.pool_tokens, "host_bytes": profile.host_bytes,
-                        "host_ledger": str(ledger), "gpu_cold": profile.gpu_cold}}
+                        "host_request_bytes": profile.host_bytes, "host_ledger": str(ledger),
+                        "gpu_cold": profile.gpu_cold}}
     if profile.pflash:
         luce["pflash"] = {"drafter": str(trained_model("scorer")), "keep_ratio": profile.pflash_keep_ratio,
                           "min_prompt_tokens": profile.pflash_min_prompt}

@@ -70,7 +70,8 @@ def test_check_prints_every_resolved_kvflash_value(tmp_path, capsys, family):
                  "pool_tokens: 1024: 16 chunks of 64 tokens, 1 sink and 4 recent chunks",
                  "step budget: at most 832 tokens", f"one chunk: about {dry_run.size(chunk)} on each of the 1 workers",
                  "host_bytes: 8.0 MiB (8388608 bytes)", f"host_ledger: {tmp_path / 'ledger'}",
-                 "host_request_bytes: auto: about 2.0 MiB (2097152 bytes) per request (max_model_len fits)",
+                 "host_request_bytes: auto: about 2.0 MiB (2097152 bytes) per request, split between the n samples of "
+                 "one (max_model_len fits)",
                  f"host_pinned_bytes: auto: about {dry_run.size(longest)} pinned by each worker",
                  "vLLM 0.", "OK: vllm-luce's startup checks pass"):
         assert line in out, f"{line!r} missing from:\n{out}"

@@ -139,10 +139,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                "would not fit waits, as for KV blocks (docs/kvflash.md, Host memory)"),
         "host_request_bytes": Key("auto", (int, str), "a positive integer (bytes) or 'auto' (a quarter of host_bytes, "
                                   "or what one request of max_model_len tokens pages out if that is more; at most "
-                                  "host_bytes)", _positive_int_or_auto,
-                                  help="the most host memory one request may hold: a longer prompt is refused with an "
-                                       "error naming this setting, and a request stops (finish reason length) where its "
-                                       "context would need more"),
+                                  "half of host_bytes; an explicit value at most host_bytes)", _positive_int_or_auto,
+                                  help="the most host memory one request may hold (the n children of a request for n "
+                                       "samples split it): a longer prompt is refused with an error naming this "
+                                       "setting, and a request stops (finish reason length) where its context would "
+                                       "need more"),
         "host_wait_s": Key(300.0, (int, float), "a number of seconds > 0", lambda v: v > 0,
                            help="the longest a request waits for host memory for its page-outs; then it ends with an "
                                 "error naming this setting (counted in vllm:luce_kvflash_host_wait_errors), and so "

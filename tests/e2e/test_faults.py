@@ -57,7 +57,8 @@ def server(tmp_path_factory):
     models.mkdir()
     (models / "qwen36-target").symlink_to(trained_model("qwen36-target"), target_is_directory=True)
     nan_drafter(models / "qwen36-target-DFlash")
-    config = {"luce": {"kvflash": {"pool_tokens": L.POOL_TOKENS, "host_bytes": HOST_BYTES, "gpu_cold": False,
+    config = {"luce": {"kvflash": {"pool_tokens": L.POOL_TOKENS, "host_bytes": HOST_BYTES,
+                                   "host_request_bytes": HOST_BYTES, "gpu_cold": False,
                                    "host_ledger": str(work / "host-ledger")},
                        "pflash": {"drafter": str(trained_model("scorer")), "keep_ratio": 0.3,
                                   "min_prompt_tokens": L.PFLASH_MIN_PROMPT}}}
@@ -238,6 +239,14 @@ def test_host_memory_smaller_than_the_load_holds_requests_back_and_drops_nothing
             if line.startswith("data: {") and "error" in json.loads(line[6:]))
         assert r.status_code == (200 if stream else 400), (stream, r.status_code, r.text)
         assert error["code"] == 400 and "luce.kvflash.host_request_bytes" in error["message"], (stream, error)
+    # the n samples of one request split one share: a prompt within a whole share is beyond half of it
+    r = httpx.post(server.base_url + "/completions", timeout=60, json={
+        "model": "t", "prompt": ids[:2500], "max_tokens": 4, "n": 2, **opt_out})
+    assert r.status_code == 400 and "split between the request's n=2 samples" in r.json()["error"]["message"], r.text
+    # (unseeded: vLLM 0.32's CPU runner fails a seeded request while speculating, "CPU Generator does not use offset")
+    r = httpx.post(server.base_url + "/completions", timeout=120, json={
+        "model": "t", "prompt": ids[:1200], "max_tokens": 4, "n": 2, "temperature": 1.0, **opt_out})
+    assert r.status_code == 200 and [c["index"] for c in r.json()["choices"]] == [0, 1], r.text
     assert complete(server, prompts["short"][1])["usage"]["completion_tokens"] == 16
 
 

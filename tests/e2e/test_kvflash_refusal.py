@@ -67,7 +67,8 @@ def test_a_refused_request_preempts_no_bystander_and_runs_once_memory_frees(qwen
     path, budget = str(tmp_path / "ledger"), 40 * chunk_bytes(qwen)
     holder = hold_elsewhere(path, budget)  # another server takes the whole budget
     try:  # another server took the whole budget
-        llm = make_llm(qwen, kvflash(POOL, gpu_cold=False, host_bytes=budget, host_ledger=path))
+        llm = make_llm(qwen, kvflash(POOL, gpu_cold=False, host_bytes=budget, host_request_bytes=budget,
+                                         host_ledger=path))
         preempted = record_preemptions(engine(llm).scheduler)
         params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
         llm.llm_engine.add_request("long", prompt(3000, 1), params)  # pages out beyond the pool: needs host memory
@@ -101,7 +102,8 @@ def test_requests_waiting_on_each_others_host_memory_make_room_by_preempting_one
     from vllm import SamplingParams
 
     budget = 40 * chunk_bytes(qwen)
-    llm = make_llm(qwen, kvflash(POOL, gpu_cold=False, host_bytes=budget, host_ledger=str(tmp_path / "ledger")))
+    llm = make_llm(qwen, kvflash(POOL, gpu_cold=False, host_bytes=budget, host_request_bytes=budget,
+                                 host_ledger=str(tmp_path / "ledger")))
     preempted = record_preemptions(engine(llm).scheduler)
     long, short = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True), \
         SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
@@ -129,7 +131,8 @@ def test_a_request_that_cannot_get_host_memory_in_time_or_at_all_ends_with_an_er
     path, budget = str(tmp_path / "ledger"), 40 * chunk_bytes(qwen)
     holder = hold_elsewhere(path, budget)  # another server takes the whole budget
     try:
-        llm = make_llm(qwen, kvflash(POOL, gpu_cold=False, host_bytes=budget, host_ledger=path, host_wait_s=1.0))
+        llm = make_llm(qwen, kvflash(POOL, gpu_cold=False, host_bytes=budget, host_request_bytes=budget,
+                                         host_ledger=path, host_wait_s=1.0))
         scheduler, why = engine(llm).scheduler, {}
         fail = scheduler._luce_fail
         scheduler._luce_fail = lambda expired: (why.update(expired), fail(expired))

@@ -103,7 +103,8 @@ def test_a_host_budget_smaller_than_the_load_holds_requests_back_and_drops_nothi
 
     prompts, reference, _, gaps = host_tier
     budget = 40 * chunk_bytes(qwen)
-    llm = make_llm(qwen, kvflash(POOL, gpu_cold=False, host_bytes=budget, host_ledger=str(tmp_path / "ledger")))
+    llm = make_llm(qwen, kvflash(POOL, gpu_cold=False, host_bytes=budget, host_request_bytes=budget,
+                                 host_ledger=str(tmp_path / "ledger")))
     runtime(llm).policy = Scorer(hashed_scores)
     admission = kvflash_manager(llm).luce_admission
     ledger, hold, peak = admission.ledger, admission.ledger.hold_up_to, [0]

@@ -75,6 +75,22 @@ def test_a_request_s_share_bounds_it_whatever_the_budget(tmp_path):
     assert a.hold("other", 4 * CHUNK_BYTES)
 
 
+def test_the_children_of_a_request_for_n_samples_split_one_share_and_keep_it_through_preemption(tmp_path):
+    a = HostAdmission(config(request_bytes=9 * CHUNK_BYTES), HostLedger(str(tmp_path / "ledger"), 100 * CHUNK_BYTES))
+    assert a.config.max_tokens(family=3) == (8 + 3) * 64 and a.config.max_tokens() == (8 + 9) * 64
+    for child in ("0_r", "1_r", "2_r"):
+        a.join(child, 3)
+    a.join("alone", 1)
+    assert a.hold("0_r", 3 * CHUNK_BYTES) and not a.hold("1_r", 4 * CHUNK_BYTES)
+    assert a.hold("alone", 9 * CHUNK_BYTES) and a.share_of("2_r") == 3 * CHUNK_BYTES
+    a.end_step()
+    assert a.take_expired(0.0) == [("1_r", "share")]  # beyond the third of the share: no wait admits it
+    a.release("2_r")  # preempted: its share stays while it is the scheduler's
+    assert a.share_of("2_r") == 3 * CHUNK_BYTES
+    a.keep_shares({"0_r", "2_r", "alone"})  # 1_r ended
+    assert a.shares == {"0_r": 3 * CHUNK_BYTES, "2_r": 3 * CHUNK_BYTES}
+
+
 def test_pinned_memory_is_used_before_pageable(tmp_path):
     ledger = HostLedger(str(tmp_path / "ledger"), 10 * CHUNK_BYTES)
     assert ledger.hold("pinned", 4 * CHUNK_BYTES)  # the engine's worker pinned at startup

@@ -16,10 +16,11 @@ def test_host_bytes_auto_is_half_the_available_memory_when_the_first_server_star
     assert HostLedger(str(tmp_path / "ledger"), "auto", meminfo=str(meminfo)).budget == 800000 * 1024 // 2
 
 
-def test_a_request_s_share_is_a_quarter_of_the_budget_or_one_longest_request():
+def test_a_request_s_share_is_a_quarter_of_the_budget_or_one_longest_request_at_most_half():
     assert resolve_request_bytes("auto", 100 * GIB, 10 * GIB) == 25 * GIB
     assert resolve_request_bytes("auto", 100 * GIB, 40 * GIB) == 40 * GIB
-    assert resolve_request_bytes("auto", 20 * GIB, 40 * GIB) == 20 * GIB
+    assert resolve_request_bytes("auto", 20 * GIB, 40 * GIB) == 10 * GIB  # never the whole budget: half of it
+    assert resolve_request_bytes("auto", 60 * GIB, 40 * GIB) == 30 * GIB
     assert resolve_request_bytes(5 * GIB, 20 * GIB, 40 * GIB) == 5 * GIB
     assert resolve_request_bytes(50 * GIB, 20 * GIB, 40 * GIB) == 20 * GIB
 

@@ -56,9 +56,14 @@ class AdmissionConfig:
             return 0
         return max(0, -(-(self.pool_chunks + cold) * self.chunk_tokens // self.block_size) - blocks)
 
-    def max_tokens(self, lookahead: int = 0) -> int:
+    def share(self, family: int = 1) -> int:
+        """One request's share of host memory: ``request_bytes``, split evenly between the ``family`` children of a
+        request for ``n`` samples (vLLM runs each as a request of its own)."""
+        return self.request_bytes // max(1, family)
+
+    def max_tokens(self, lookahead: int = 0, family: int = 1) -> int:
         """The longest request whose host chunks fit its share with no cold block (lookahead tokens written beyond)."""
-        chunks = self.pool_chunks + self.request_bytes // max(1, self.chunk_bytes)
+        chunks = self.pool_chunks + self.share(family) // max(1, self.chunk_bytes)
         return max(0, chunks * self.chunk_tokens - lookahead)
 
 
@@ -84,6 +89,7 @@ class HostAdmission:
     held_back: set[str] = field(default_factory=set)  # requests refused this step (waiting, or running and preempted)
     last_held_back: set[str] = field(default_factory=set)  # those of the latest step ended
     room: dict[str, int] = field(default_factory=dict)  # request -> tokens its pool makes room for this step (scheduler)
+    shares: dict[str, int] = field(default_factory=dict)  # request -> its share, where not request_bytes (n > 1)
     waiting_since: dict[str, float] = field(default_factory=dict)  # request -> when its refusals in a row began
     beyond_share: set[str] = field(default_factory=set)  # requests refused more than their share: no wait admits them
     expired: int = 0  # requests ended for waiting too long or beyond their share, summed
@@ -106,10 +112,11 @@ class HostAdmission:
         current = self._need(req_id)
         if nbytes <= current:
             return True
-        if nbytes > self.config.request_bytes or not self._fits(self._total + nbytes - current):
+        share = self.share_of(req_id)
+        if nbytes > share or not self._fits(self._total + nbytes - current):
             self.refusals += req_id not in self.held_back
             self.held_back.add(req_id)
-            if nbytes > self.config.request_bytes:
+            if nbytes > share:
                 self.beyond_share.add(req_id)
             return False
         self.pending[req_id] = nbytes
@@ -117,6 +124,20 @@ class HostAdmission:
         self.held_back.discard(req_id)
         self.waiting_since.pop(req_id, None)
         return True
+
+    def share_of(self, req_id: str) -> int:
+        return self.shares.get(req_id, self.config.request_bytes)
+
+    def join(self, req_id: str, family: int) -> None:
+        """A new request, one of ``family`` children of a request for ``n`` samples: they split one share."""
+        if family > 1:
+            self.shares[req_id] = self.config.share(family)
+
+    def keep_shares(self, live) -> None:
+        """Forget the shares of requests no longer in ``live`` (the scheduler's requests): a share outlives its
+        request's preemptions, which release its reservation."""
+        for req_id in [r for r in self.shares if r not in live]:
+            del self.shares[req_id]
 
     def commit(self, req_id: str, nbytes: int) -> None:
         """The step was allocated with ``nbytes`` of host chunks (at most what ``hold`` reserved)."""

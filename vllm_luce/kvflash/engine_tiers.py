@@ -66,7 +66,8 @@ def build_admission(scheduler, luce) -> HostAdmission | None:
     lookahead = getattr(scheduler, "num_lookahead_tokens", 0) or 0
     publish_facts(vllm_config, {"max_tokens": config.max_tokens(lookahead + cfg.chunk_tokens),
                                 "request_bytes": config.request_bytes, "chunk_bytes": chunk_bytes,
-                                "pool_tokens": cfg.pool_tokens, "budget": ledger.budget, "waits": waits})
+                                "pool_tokens": cfg.pool_tokens, "chunk_tokens": cfg.chunk_tokens,
+                                "budget": ledger.budget, "waits": waits})
     logger.info("%s: KVFlash tiers: cold chunks in free KV blocks %s (%d blocks kept free), then host memory: budget "
                 "%.1f GiB for this host (%s, %s when spent), %.1f GiB pinned by this engine, %.2f GiB at most per "
                 "request (contexts up to %d tokens), %.1f MiB a chunk", tag(), "on" if kv.gpu_cold else "off",

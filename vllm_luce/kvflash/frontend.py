@@ -7,6 +7,27 @@ from __future__ import annotations
 
 from typing import Any
 
+# The sampling params' key the engine client sets on a request for ``n`` > 1 samples, before vLLM splits it into n
+# children of one params: the children split one share of host memory. Never the client's: always overwritten.
+FAMILY = "luce_kvflash_family"
+
+
+def family_of(params: Any) -> int:
+    """How many children split the request's share (1 for a request of its own)."""
+    extra = getattr(params, "extra_args", None)
+    value = extra.get(FAMILY, 1) if extra else 1
+    return value if isinstance(value, int) and value > 1 else 1
+
+
+def mark_family(params: Any) -> None:
+    """Set (or clear) ``FAMILY`` from the request's ``n``, whatever the client sent in ``vllm_xargs``."""
+    extra = getattr(params, "extra_args", None)
+    n = getattr(params, "n", 1) or 1
+    if n > 1:
+        params.extra_args = {**(extra or {}), FAMILY: n}
+    elif extra and FAMILY in extra:
+        params.extra_args = {k: v for k, v in extra.items() if k != FAMILY}
+
 
 def prompt_tokens(prompt: Any) -> int | None:
     """The prompt's token count where the client already knows it (token prompts, processed requests)."""
@@ -17,7 +38,8 @@ def prompt_tokens(prompt: Any) -> int | None:
 
 
 def check(engine: Any, prompt: Any, params: Any) -> None:
-    """Raise a ValueError naming ``luce.kvflash.host_request_bytes`` for a prompt KVFlash could never serve."""
+    """Raise a ValueError naming ``luce.kvflash.host_request_bytes`` for a prompt KVFlash could never serve (for ``n``
+    samples, within a share split ``n`` ways); mark a request for ``n`` samples (``FAMILY``)."""
     from vllm_luce.kvflash.engine_tiers import read_facts
     from vllm_luce.request_args import bad_request
 
@@ -25,11 +47,15 @@ def check(engine: Any, prompt: Any, params: Any) -> None:
     facts = read_facts(vllm_config) if vllm_config is not None else None
     if not facts or not hasattr(params, "max_tokens"):
         return
+    mark_family(params)
+    family = family_of(params)
+    share, chunk, pool = facts["request_bytes"] // family, facts["chunk_bytes"], facts["pool_tokens"]
+    limit = facts["max_tokens"] - (facts["request_bytes"] // chunk - share // chunk) * facts["chunk_tokens"]
     n = prompt_tokens(prompt)
-    if n is None or n < facts["max_tokens"]:
+    if n is None or n < limit:
         return
+    samples = f", split between the request's n={family} samples" if family > 1 else ""
     raise bad_request(
         f"luce.kvflash.host_request_bytes: this prompt of {n} tokens would page out more KV than one request may hold "
-        f"in host memory ({facts['request_bytes']} bytes, {facts['chunk_bytes']} bytes per chunk beyond a pool of "
-        f"{facts['pool_tokens']} tokens): KVFlash serves up to {facts['max_tokens'] - 1} prompt tokens here; raise "
-        "luce.kvflash.host_request_bytes or luce.kvflash.host_bytes")
+        f"in host memory ({share} bytes{samples}, {chunk} bytes per chunk beyond a pool of {pool} tokens): KVFlash "
+        f"serves up to {limit - 1} prompt tokens here; raise luce.kvflash.host_request_bytes or luce.kvflash.host_bytes")

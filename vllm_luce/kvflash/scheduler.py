@@ -45,14 +45,20 @@ class KVFlashSchedulerMixin:
             parallel = self.vllm_config.parallel_config
             self._luce_tier_labels = {"model_name": metrics.model_name(self.vllm_config),
                                       "engine": getattr(parallel, "data_parallel_rank", 0)}
-            self._luce_max_tokens = None if self.luce_admission is None else \
-                self.luce_admission.config.max_tokens(getattr(self, "num_lookahead_tokens", 0) or 0)
 
     def add_request(self, request) -> None:
         """A request stops where its context would need more host memory than its share (finish reason length),
         as at max_model_len; a prompt that alone would is refused by the frontend (``kvflash/frontend.py``), or where
-        that did not see it, ends with an error at this step's outputs."""
-        limit = getattr(self, "_luce_max_tokens", None)
+        that did not see it, ends with an error at this step's outputs. The children of a request for ``n`` samples
+        split one share (``frontend.FAMILY``)."""
+        from vllm_luce.kvflash.frontend import family_of
+
+        admission = getattr(self, "luce_admission", None)
+        limit = None
+        if admission is not None:
+            family = family_of(request.sampling_params)
+            admission.join(request.request_id, family)
+            limit = admission.config.max_tokens(getattr(self, "num_lookahead_tokens", 0) or 0, family)
         if limit is not None and request.num_prompt_tokens + request.max_tokens > limit:
             from vllm_luce import hooks
 
@@ -86,8 +92,8 @@ class KVFlashSchedulerMixin:
             setting = "host_wait_s" if why == "wait" else "host_request_bytes"
             message = (f"KVFlash could not get host memory for this request's paged-out KV within "
                        f"luce.kvflash.host_wait_s ({self.luce_admission.config.wait_s:g} s)" if why == "wait" else
-                       "this request's paged-out KV would need more host memory than luce.kvflash.host_request_bytes "
-                       f"({self.luce_admission.config.request_bytes} bytes)")
+                       "this request's paged-out KV would need more host memory than its share of "
+                       f"luce.kvflash.host_request_bytes ({self.luce_admission.share_of(req_id)} bytes)")
             logger.warning("%s: request %s ends with an error: %s (raise luce.kvflash.%s or host_bytes)", tag(),
                            req_id, message, setting)
             errors = self.grammar_compile_error_reqs
@@ -118,6 +124,8 @@ class KVFlashSchedulerMixin:
             from vllm_luce.kvflash.engine_tiers import report
 
             report(self.luce_admission, self._luce_tier_labels, step_end=False)
+            if self.luce_admission.shares:
+                self.luce_admission.keep_shares(self.requests)
         return result
 
     def shutdown(self) -> None:

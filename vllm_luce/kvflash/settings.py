@@ -37,10 +37,11 @@ def resolve_pinned_bytes(pinned_bytes, host_budget: int | None, chunk_bytes: int
 
 
 def resolve_request_bytes(request_bytes, budget: int, longest: int) -> int:
-    """One request's share of the host budget: the setting, or for 'auto' a quarter of the budget, or what the
-    longest request pages out (``longest``) if that is more; never more than the budget."""
+    """One request's share of the host budget: the setting, never more than the budget; for 'auto' a quarter of the
+    budget, or what the longest request pages out (``longest``) if that is more, and never more than half the budget,
+    so that no one request holds it all."""
     if request_bytes == "auto":
-        return min(budget, max(budget // 4, longest))
+        return min(budget // 2, max(budget // 4, longest))
     return min(int(request_bytes), budget)
 
 
