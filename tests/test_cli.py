@@ -81,6 +81,7 @@ def test_check_resolves_auto_host_budget_and_a_request_share_below_max_model_len
     from vllm_luce.kvflash import host_ledger
 
     monkeypatch.setattr(host_ledger, "auto_budget", lambda: 8 * MiB)  # half of MemAvailable, as the server reads it
+    monkeypatch.setattr(host_ledger, "sharing_unknown", lambda: False)
     config = luce(tmp_path, kvflash={"pool_tokens": 1024, "host_request_bytes": 64 * 1024})
     code, out, _ = run(capsys, model_dir(tmp_path), "--additional-config", config, "--max-model-len", 100_000,
                        "--tensor-parallel-size", 2)
@@ -89,6 +90,9 @@ def test_check_resolves_auto_host_budget_and_a_request_share_below_max_model_len
     # 64 KiB a request at 32 KiB a chunk for the engine's 2 workers: 2 host chunks beyond the 16 of the pool
     assert "a prompt beyond about 1152 tokens is refused" in out
     assert "max_model_len: 100000 (--max-model-len)" in out and "tensor_parallel_size: 2" in out
+    monkeypatch.setattr(host_ledger, "sharing_unknown", lambda: True)  # a container with no memory limit
+    code, out, _ = run(capsys, str(tmp_path / "target"), "--additional-config", config)
+    assert code == 0 and "a quarter of the memory available now (a container with no memory limit" in out
 
 
 def test_check_finds_the_dflash_drafter_and_checks_the_pflash_scorer(tmp_path, capsys):

@@ -132,7 +132,8 @@ SCHEMA: dict[str, dict[str, Key]] = {
                               "chunks and the recent tail, with a dense refresh step every tau tokens "
                               "(docs/fidelity.md)"),
         "host_bytes": Key("auto", (int, str), "a positive integer (bytes of host memory for paged-out KV on this "
-                          "host) or 'auto' (half the memory available when the first server on the host starts)",
+                          "host) or 'auto' (half the memory available when the first server on the host starts, "
+                          "within its container's memory limit; a quarter in a container with no limit)",
                           _positive_int_or_auto,
                           help="the host's budget, shared by every server, data-parallel engine and rank that uses the "
                                "same host_ledger (pinned and pageable memory both count); a request whose page-outs "

@@ -159,7 +159,7 @@ def recorded_budget(path: str) -> int | None:
 def kvflash_lines(luce: LuceConfig, architectures: list[str], text: dict, max_model_len: int,
                   tensor_parallel: int, lookahead: int) -> list[str]:
     from vllm_luce.kvflash.admission import AdmissionConfig
-    from vllm_luce.kvflash.host_ledger import auto_budget
+    from vllm_luce.kvflash.host_ledger import auto_budget, sharing_unknown
     from vllm_luce.kvflash.install import check_kvflash
     from vllm_luce.kvflash.settings import (ledger_path, longest_page_out, resolve_pinned_bytes,
                                             resolve_request_bytes)
@@ -188,8 +188,10 @@ def kvflash_lines(luce: LuceConfig, architectures: list[str], text: dict, max_mo
     path = ledger_path(kv.host_ledger)
     if kv.host_bytes == "auto":
         budget = auto_budget()
-        lines.append(f"  host_bytes: auto: {size(budget)}, half of the memory available now (set when the first "
-                     "server on the host ledger starts)")
+        part = "a quarter of the memory available now (a container with no memory limit: other containers may " \
+            "count the same memory)" if sharing_unknown() else "half of the memory available now"
+        lines.append(f"  host_bytes: auto: {size(budget)}, {part} (set when the first server on the host ledger "
+                     "starts)")
     else:
         budget = int(kv.host_bytes)
         lines.append(f"  host_bytes: {size(budget)}")
@@ -209,8 +211,9 @@ def kvflash_lines(luce: LuceConfig, architectures: list[str], text: dict, max_mo
                     f"a prompt beyond about {longest_context} tokens is refused") + ")")
     pinned = resolve_pinned_bytes(kv.host_pinned_bytes, budget, worker_chunk, max_model_len, cfg.pool_tokens,
                                   cfg.chunk_tokens) // worker_chunk * worker_chunk
+    pinned = min(pinned, max(0, budget - request) // tensor_parallel // worker_chunk * worker_chunk)
     lines.append(f"  host_pinned_bytes: {kv.host_pinned_bytes}: about {size(pinned)} pinned by each worker at "
-                 "startup, within what the host ledger leaves (GPU only)")
+                 "startup, within what the host ledger leaves less one request's share (GPU only)")
     lines.append(f"  host_full: {kv.host_full}; gpu_cold: "
                  + ("on (cold chunks go to free KV blocks first, a tenth of the cache kept free)" if kv.gpu_cold
                     else "off (cold chunks go to host memory)"))

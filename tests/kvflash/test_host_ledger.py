@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from vllm_luce.kvflash.host_ledger import (EARLIER_MAGIC, HEADER, KINDS, SIZE, SLOT, HostLedger, LedgerError,
-                                          auto_budget, engine_tag)
+                                          auto_budget, engine_tag, in_container)
 
 MIB = 1 << 20
 
@@ -207,5 +207,17 @@ def test_auto_stays_within_the_container_s_memory_limit(tmp_path):
     (tmp_path / "v1.cgroup").write_text("5:cpu,cpuacct:/docker\n4:memory:/docker\n")
     assert auto_budget(str(meminfo), str(tmp_path / "v1.cgroup"), str(tmp_path / "v1")) == (6 << 30) // 2
     (tmp_path / "v1" / "memory" / "docker" / "memory.limit_in_bytes").write_text("9223372036854771712\n")  # none
-    assert auto_budget(str(meminfo), str(tmp_path / "v1.cgroup"), str(tmp_path / "v1")) == (32 << 30) // 2
-    assert auto_budget(str(meminfo), str(tmp_path / "missing"), str(tmp_path)) == (32 << 30) // 2
+    no_limit = (str(meminfo), str(tmp_path / "v1.cgroup"), str(tmp_path / "v1"))
+    assert auto_budget(*no_limit, container=False) == (32 << 30) // 2
+    assert auto_budget(str(meminfo), str(tmp_path / "missing"), str(tmp_path), container=False) == (32 << 30) // 2
+    # a container with no memory limit: whether other containers count the same memory is unknown, a quarter
+    assert auto_budget(*no_limit, container=True) == (32 << 30) // 4
+
+
+def test_a_container_is_known_by_its_marks_or_environment(tmp_path):
+    mark = tmp_path / ".dockerenv"
+    assert not in_container((str(mark),), {})
+    assert in_container((str(mark),), {"KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    assert in_container((str(mark),), {"container": "podman"}) and not in_container((str(mark),), {"container": ""})
+    mark.write_text("")
+    assert in_container((str(mark),), {})

@@ -17,10 +17,10 @@ CHUNK = 2 * 64 * 128 * 2
 ENGINE = 7
 
 
-def runtime(tmp_path, budget, pinned, slab_chunks=4):
+def runtime(tmp_path, budget, pinned, slab_chunks=4, request="auto", engine=ENGINE):
     ledger = HostLedger(str(tmp_path / "ledger"), budget)
     rt = KVFlashRuntime(PagerConfig(pool_tokens=384), "lru", [], PACKED_LAYOUT, 128, 16, 4, host_pinned=pinned,
-                        max_model_len=4096, ledger=ledger, engine=ENGINE)
+                        max_model_len=4096, ledger=ledger, engine=engine, host_request=request)
     rt._host_pools[(SHAPE, DTYPE)] = PinnedChunkPool(SHAPE, DTYPE, pin=False, slab_bytes=slab_chunks * CHUNK)
     return rt, ledger
 
@@ -61,11 +61,25 @@ def test_auto_pins_one_longest_request_and_the_ledger_holds_exactly_that(tmp_pat
 
 
 def test_the_host_budget_leaves_less_to_pin_and_says_so(tmp_path, logs):
-    rt, ledger = runtime(tmp_path, 10 * CHUNK + 5, 40 * CHUNK)
+    rt, ledger = runtime(tmp_path, 10 * CHUNK + 5, 40 * CHUNK, request=2 * CHUNK)
     assert ledger.hold("pageable", 3 * CHUNK, engine=99)  # another engine's page-outs
     rt.pin_host_memory(SHAPE, DTYPE)
-    assert rt.pinned_bytes() == 7 * CHUNK == ledger.mine("pinned", ENGINE)
+    assert rt.pinned_bytes() == 5 * CHUNK == ledger.mine("pinned", ENGINE)  # one request's share left unpinned
     assert "luce.kvflash.host_bytes" in logs.text and "luce.kvflash.host_pinned_bytes" in logs.text
+    assert "keeping one request's share (0.0 GiB) unpinned" in logs.text
+
+
+def test_eight_servers_pinning_auto_leave_every_server_room_for_one_request_s_share(tmp_path):
+    """Pinned memory is a server's until it exits: servers pinning one after another stop one request's share short
+    of the budget, so a request of the last of them still gets its share (before: 3 pinned it all, 5 got nothing)."""
+    budget, share = 128 * CHUNK, 58 * CHUNK  # auto: what a 4096-token request pages out beyond the 384-token pool
+    pinned = []
+    for engine in range(8):
+        rt, ledger = runtime(tmp_path, budget, "auto", engine=engine)  # one ledger file: one host
+        rt.pin_host_memory(SHAPE, DTYPE)
+        pinned.append(rt.pinned_bytes() // CHUNK)
+    assert pinned == [58, 12, 0, 0, 0, 0, 0, 0] and ledger.held() == 70 * CHUNK
+    assert ledger.hold("pageable", share, engine=7)  # the last server's request gets its whole share
 
 
 def test_a_failure_to_pin_is_reported_as_one_and_the_ledger_keeps_what_was_pinned(tmp_path, logs, monkeypatch):

@@ -14,7 +14,7 @@ import torch
 from vllm_luce import metrics
 from vllm_luce.metrics.store import DIR_ENV
 from vllm_luce.kvflash.admission import AdmissionConfig, HostAdmission
-from vllm_luce.kvflash.host_ledger import engine_tag, open_ledger
+from vllm_luce.kvflash.host_ledger import engine_tag, open_ledger, sharing_unknown
 from vllm_luce.kvflash.settings import ledger_path, longest_page_out, pager_config_from, resolve_request_bytes
 from vllm_luce.log import logger, tag
 
@@ -57,6 +57,11 @@ def build_admission(scheduler, luce) -> HostAdmission | None:
         chunk_bytes=chunk_bytes, request_bytes=resolve_request_bytes(kv.host_request_bytes, ledger.budget, longest),
         reserve_blocks=reserve_blocks(scheduler), gpu_cold=kv.gpu_cold,
         wait_s=float(kv.host_wait_s))
+    if kv.host_bytes == "auto" and sharing_unknown():
+        logger.warning("%s: KVFlash: this server runs in a container with no memory limit, so whether servers in "
+                       "other containers count the same host memory is unknown (each /dev/shm has its own ledger): "
+                       "host_bytes auto is a quarter of the memory available, not half. Set a memory limit, share "
+                       "/dev/shm between the containers (--ipc=host), or set luce.kvflash.host_bytes", tag())
     waits = kv.host_full == "wait"
     admission = HostAdmission(config, ledger if waits else None, engine, ledger.held("pinned", engine))
     admission.end_step()  # this engine's pageable slot starts empty

@@ -59,17 +59,35 @@ def engine_tag(*parts) -> int:
     return int.from_bytes(hashlib.blake2b(repr(parts).encode(), digest_size=8).digest(), "little") >> 1
 
 
+CONTAINER_MARKS = ("/.dockerenv", "/run/.containerenv")  # Docker's and Podman's
+
+
+def in_container(marks: tuple[str, ...] = CONTAINER_MARKS, environ=os.environ) -> bool:
+    """Whether this process runs in a container (Docker, Podman, Kubernetes, or one that sets ``container``)."""
+    return any(os.path.exists(m) for m in marks) or bool(environ.get("container")) \
+        or "KUBERNETES_SERVICE_HOST" in environ
+
+
 def auto_budget(meminfo: str = "/proc/meminfo", cgroup: str | None = "/proc/self/cgroup",
-                cgroup_root: str = "/sys/fs/cgroup") -> int:
+                cgroup_root: str = "/sys/fs/cgroup", container: bool | None = None) -> int:
     """'auto': half the memory available now (``MemAvailable``), and never more than half of what this process's
-    cgroup (a container's memory limit) has left."""
+    cgroup (a container's memory limit) has left. In a container with no memory limit (``sharing_unknown``) a quarter
+    of the memory available: servers in other containers, each with its own /dev/shm, may count the same memory."""
     try:
         with open(meminfo) as f:
             available = 1024 * next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError, IndexError):
         available = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     left = cgroup_memory_left(cgroup, cgroup_root) if cgroup else None
+    if left is None and (in_container() if container is None else container):
+        return available // 4
     return (available if left is None else min(available, left)) // 2
+
+
+def sharing_unknown(cgroup: str = "/proc/self/cgroup", cgroup_root: str = "/sys/fs/cgroup") -> bool:
+    """Whether the host's other servers may not see this ledger while using the same memory: a container (whose own
+    /dev/shm, if it has one, hides the ledger from the other containers) with no memory limit to bound its budget."""
+    return in_container() and cgroup_memory_left(cgroup, cgroup_root) is None
 
 
 def cgroup_memory_left(cgroup: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
@@ -194,7 +212,7 @@ def open_ledger(path: str, budget: int | str) -> "HostLedger":
 
 
 class HostLedger:
-    def __init__(self, path: str, budget: int | str, meminfo: str = "/proc/meminfo"):
+    def __init__(self, path: str, budget: int | str, meminfo: str = "/proc/meminfo", container: bool | None = None):
         self.path = path
         self._lock = threading.Lock()
         self._fd = _open_checked(path)  # the locks' open file description: the flock and the slots' locks
@@ -219,7 +237,7 @@ class HostLedger:
             if magic == MAGIC:
                 self._check_slots(held_budget)
             live = magic == MAGIC and any(self._reap_slot(i) for i in range(SLOTS))
-            wanted = auto_budget(meminfo) if budget == "auto" else int(budget)
+            wanted = auto_budget(meminfo, container=container) if budget == "auto" else int(budget)
             if not live:
                 self._map[:SIZE] = bytes(SIZE)
                 HEADER.pack_into(self._map, 0, MAGIC, wanted)
@@ -266,15 +284,15 @@ class HostLedger:
         the budget changes nothing and returns False. A decrease always succeeds."""
         return self.hold_up_to(kind, nbytes, engine, partial=False) == nbytes
 
-    def hold_up_to(self, kind: str, nbytes: int, engine: int = 0, partial: bool = True) -> int:
+    def hold_up_to(self, kind: str, nbytes: int, engine: int = 0, partial: bool = True, leave: int = 0) -> int:
         """Set this process's ``kind`` holding for ``engine`` to ``nbytes``, or (``partial``) to as much of it as the
-        budget leaves; returns the holding now."""
+        budget leaves; an increase leaves at least ``leave`` bytes of the budget unheld. Returns the holding now."""
         token, code = _token(), KINDS[kind]
         with self._locked():
             index = self._find(token, code, engine)
             current = 0 if index is None else SLOT.unpack_from(self._map, self._offset(index))[4]
             if nbytes > current:
-                room = self.budget - self._sum()
+                room = self.budget - self._sum() - leave
                 if nbytes - current > room:
                     room += self._reap()
                 if nbytes - current > room:

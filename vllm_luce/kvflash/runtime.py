@@ -42,7 +42,7 @@ from vllm_luce.kvflash.pager import PagerConfig, RequestPager
 from vllm_luce.kvflash.pool_store import PagerStats, summarize
 from vllm_luce.kvflash.policies import make_policy
 from vllm_luce.kvflash.query_window import push_queries, window_rows
-from vllm_luce.kvflash.settings import resolve_pinned_bytes
+from vllm_luce.kvflash.settings import longest_page_out, resolve_pinned_bytes, resolve_request_bytes
 from vllm_luce.kvflash.sfi import RequestSelection
 from vllm_luce.log import StartupStep, logger, tag
 
@@ -54,7 +54,8 @@ class KVFlashRuntime:
                  head_size: int, block_size: int, max_num_reqs: int, scorer=None, reduce_max=None,
                  host_budget: int | None = None, metric_labels: dict | None = None, selection: str = "page",
                  query_window: int = 1, scored_dims: ScoredDims = ScoredDims(), host_pinned: int | str = 0,
-                 max_model_len: int = 0, ledger=None, engine: int = 0, draft_tokens: int = 0):
+                 max_model_len: int = 0, ledger=None, engine: int = 0, draft_tokens: int = 0,
+                 host_request: int | str = "auto", ranks: int = 1):
         self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
         self.selection = selection
         self.caches = caches
@@ -84,6 +85,7 @@ class KVFlashRuntime:
         self._reported_at = 0.0
         self._host_pools: dict[tuple, PinnedChunkPool] = {}
         self.host_pinned = host_pinned  # bytes or 'auto' the warm-up pins for page-outs (luce.kvflash.host_pinned_bytes)
+        self.host_request, self.ranks = host_request, ranks  # luce.kvflash.host_request_bytes; the engine's workers
         self.max_model_len = max_model_len
         # what the scheduler's admission reserves host memory by (``admission.py``): chunks, whatever their bytes
         self.tiers = AdmissionConfig(chunk_tokens=config.chunk_tokens, pool_chunks=config.pool_chunks,
@@ -134,20 +136,27 @@ class KVFlashRuntime:
     def pin_host_memory(self, shape: tuple[int, ...], dtype: torch.dtype) -> None:
         """Pin ``host_pinned`` bytes of whole chunks for page-outs, within what the host ledger leaves, before the
         server serves (never while it serves: ``host_pool.py``); held in the ledger as this worker's pinned bytes. A
-        failure to pin is reported as such: page-outs then copy to pageable memory, slower, nothing is lost."""
+        failure to pin is reported as such: page-outs then copy to pageable memory, slower, nothing is lost.
+
+        Pinned memory stays the server's until it exits, so pinning leaves one request's share of the budget unheld
+        (``host_request_bytes`` of this engine): however many servers pinned before, a request of any server on the
+        host can still be given its share, as others' page-outs come back."""
         chunk_bytes = torch.Size(shape).numel() * torch.empty(0, dtype=dtype).element_size()
         budget = self.ledger.budget if self.ledger is not None else self.host_budget
         wanted = resolve_pinned_bytes(self.host_pinned, budget, chunk_bytes, self.max_model_len,
                                       self.config.pool_tokens, self.config.chunk_tokens) // chunk_bytes * chunk_bytes
         if not wanted:
             return
+        leave = 0 if self.ledger is None else resolve_request_bytes(
+            self.host_request, budget, longest_page_out(self.max_model_len, self.config.pool_tokens,
+                                                        self.config.chunk_tokens, chunk_bytes * self.ranks))
         granted = wanted if self.ledger is None else \
-            self.ledger.hold_up_to("pinned", wanted, self.engine) // chunk_bytes * chunk_bytes
+            self.ledger.hold_up_to("pinned", wanted, self.engine, leave=leave) // chunk_bytes * chunk_bytes
         if granted < wanted:
             logger.warning("%s: KVFlash: the host's budget (luce.kvflash.host_bytes, %.1f GiB, shared through %s) "
-                           "leaves %.1f of the %.1f GiB to pin (luce.kvflash.host_pinned_bytes); page-outs beyond it "
-                           "copy to pageable memory", tag(), budget / 2**30, self.ledger.path, granted / 2**30,
-                           wanted / 2**30)
+                           "leaves %.1f of the %.1f GiB to pin (luce.kvflash.host_pinned_bytes), keeping one "
+                           "request's share (%.1f GiB) unpinned; page-outs beyond it copy to pageable memory", tag(),
+                           budget / 2**30, self.ledger.path, granted / 2**30, wanted / 2**30, leave / 2**30)
         if not granted:
             return
         step = StartupStep("KVFlash: pinning host memory for paged-out KV", f"{granted / 2**30:.1f} GiB",

@@ -109,7 +109,8 @@ def runtime_options(vllm_config, luce) -> dict:
     local_ranks = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
     drop_budget = ledger.budget // local_ranks if ledger is not None and kv.host_full == "drop" else None
     return {"host_budget": drop_budget, "ledger": ledger, "engine": engine_of(vllm_config),
-            "host_pinned": kv.host_pinned_bytes, "max_model_len": vllm_config.model_config.max_model_len,
+            "host_pinned": kv.host_pinned_bytes, "host_request": kv.host_request_bytes, "ranks": local_ranks,
+            "max_model_len": vllm_config.model_config.max_model_len,
             "selection": kv.selection, "query_window": kv.query_window, "draft_tokens": draft_tokens(vllm_config),
             "metric_labels": {"model_name": metrics.model_name(vllm_config), "rank": rank}}
 
