@@ -153,28 +153,30 @@ def churn_prompts(count: int = 40, seed: int = 67) -> tuple[list[list[int]], lis
 @tp1_only
 def test_trained_hybrid_pair_under_batch_churn_equals_no_speculation(trained_hybrid, tmp_path):
     """40 requests of mixed lengths joining and leaving the batch, chunked prefill beside decodes: with the gate
-    switching every few steps, with and without asynchronous scheduling, the greedy answers part from plain
-    decoding's only at a near-tie (issue 67: a request's answer must not depend on the others in its batch)."""
+    switching every few steps, with and without asynchronous scheduling, on Model Runner V1 and V2, the greedy
+    answers part from plain decoding's only at a near-tie (issue 67: a request's answer must not depend on the others in its batch)."""
     prompts, lengths = churn_prompts()
     base = {"model": str(trained_hybrid), "prompts": prompts, "max_tokens": lengths, "logprobs": 2}
     shared = {"max_model_len": 2048, "dtype": "bfloat16", "max_num_batched_tokens": 512}
     gated = {**base, "gate": dataclasses.asdict(SWITCHING)}
     spec = {"model": "dflash"}
-    plain, overlapped, stepwise = side_by_side(
+    plain, overlapped, stepwise, second = side_by_side(
         (run_engine, ({**base, "llm": llm_args(**shared)}, tmp_path), {"name": "plain"}),
         (run_engine, ({**gated, "llm": llm_args(**shared, speculative_config=spec)}, tmp_path),
-         {"name": "gated", **IN_PROCESS}),
+         {"name": "gated", **IN_PROCESS, **RUNNERS["v1"]}),
         (run_engine, ({**gated, "llm": llm_args(**shared, speculative_config=spec, async_scheduling=False)}, tmp_path),
-         {"name": "gated-sync", **IN_PROCESS}))
+         {"name": "gated-sync", **IN_PROCESS, **RUNNERS["v1"]}),
+        (run_engine, ({**gated, "llm": llm_args(**shared, speculative_config=spec)}, tmp_path),
+         {"name": "gated-v2", **IN_PROCESS, **RUNNERS["v2"]}))
     report = {}
-    for name, run in (("gated", overlapped), ("gated_sync", stepwise)):
+    for name, run in (("gated", overlapped), ("gated_sync", stepwise), ("gated_v2", second)):
         assert run["counters"].get("vllm:spec_decode_num_drafts", 0) > 0, run["counters"]
         found = parts(run, plain)
-        report[name] = {"async_scheduling": run.get("async_scheduling"), "parts": found,
+        report[name] = {"async_scheduling": run.get("async_scheduling"), "v2_runner": run.get("v2_runner"), "parts": found,
                         "wide": [p for p in found if p["gaps"][1] > WIDE_NATS]}
     report["plain_async_scheduling"] = plain.get("async_scheduling")
     keep_report(f"dflash_trained_pair_churn_tp{TP}", report)
-    assert not report["gated"]["wide"] and not report["gated_sync"]["wide"], report
+    assert not any(report[name]["wide"] for name in ("gated", "gated_sync", "gated_v2")), report
 
 
 @tp1_only
