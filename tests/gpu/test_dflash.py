@@ -172,8 +172,8 @@ def test_trained_hybrid_pair_under_batch_churn_equals_no_speculation(trained_hyb
     for name, run in (("gated", overlapped), ("gated_sync", stepwise), ("gated_v2", second)):
         assert run["counters"].get("vllm:spec_decode_num_drafts", 0) > 0, run["counters"]
         found = parts(run, plain)
-        report[name] = {"async_scheduling": run.get("async_scheduling"), "v2_runner": run.get("v2_runner"), "parts": found,
-                        "wide": [p for p in found if p["gaps"][1] > WIDE_NATS]}
+        report[name] = {"async_scheduling": run.get("async_scheduling"), "v2_runner": run.get("v2_runner"),
+                        "parts": found, "wide": [p for p in found if p["gaps"][1] > WIDE_NATS]}
     report["plain_async_scheduling"] = plain.get("async_scheduling")
     keep_report(f"dflash_trained_pair_churn_tp{TP}", report)
     assert not any(report[name]["wide"] for name in ("gated", "gated_sync", "gated_v2")), report
