@@ -173,9 +173,10 @@ def test_vllm_errors_are_read_in_both_shapes_and_bodies_carry_the_plan():
 IDLE = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0\n"
 
 
-def pflash_usage(plan, kept=None, outcome="compressed"):
+def pflash_usage(plan, kept=None, outcome="compressed", digest=None):
     kept = int(plan.prompt_tokens * 0.3) if kept is None else kept
-    return {"prompt_tokens_sent": plan.prompt_tokens, "prompt_tokens_kept": kept, "outcome": outcome}
+    field = {"prompt_tokens_sent": plan.prompt_tokens, "prompt_tokens_kept": kept, "outcome": outcome}
+    return {**field, "kept_digest": digest or f"{plan.prompt_tokens:016x}"} if outcome == "compressed" else field
 
 
 def made_up_run(**changes):
@@ -298,6 +299,16 @@ def test_a_pflash_run_shed_under_load_is_counted_apart_not_compared():
     assert checks["paged_canaries_equal_the_reference"]["ok"] and row["greedy_compared"] == 2
     assert row["kept_as_reference"] == 2 and row["kept_differs"] == [
         f"pflash-canary1: kept 1700 (deadline), reference {int(1700 * 0.3)}"]
+
+
+def test_a_pflash_run_that_kept_other_tokens_under_load_fails_and_is_not_compared():
+    run = made_up_run()
+    other = canary(run, "pflash-canary2")
+    other.luce_pflash, other.text = pflash_usage(other.plan, digest="0123456789abcdef"), "other"
+    summary, checks, _ = evaluate(run, "")
+    failed = checks["paged_canaries_equal_the_reference"]
+    assert not failed["ok"] and "pflash-canary2 kept other tokens under load" in failed["detail"], failed
+    assert summary["canaries"]["pflash"]["mismatches"] == 0  # another prompt: not compared
 
 
 def test_vllm_alone_runs_without_the_plugin_and_keeps_only_vllm_s_own_checks(tmp_path):

@@ -101,22 +101,28 @@ def _usage_chunk(stream) -> object:
 
 def test_every_response_says_what_pflash_did_to_its_prompt(client, cases):
     """usage.luce_pflash on completions and chat, streamed (the usage chunk) and not: the prompt as sent, the tokens
-    kept (usage.prompt_tokens) and the outcome."""
+    kept (usage.prompt_tokens), the outcome, and a compressed prompt's digest of the tokens kept."""
     case = cases[0]
     stream = {"stream": True, "stream_options": {"include_usage": True}}
     completion = {"model": "tiny", "prompt": case.prompt, "max_tokens": 2, "temperature": 0}
+    digests = set()
     for usage in (client.completions.create(**completion).usage,
                   _usage_chunk(client.completions.create(**completion, **stream))):
         assert usage.prompt_tokens < 0.5 * case.prompt_tokens
         assert usage.luce_pflash == {"prompt_tokens_sent": case.prompt_tokens,
-                                     "prompt_tokens_kept": usage.prompt_tokens, "outcome": "compressed"}
+                                     "prompt_tokens_kept": usage.prompt_tokens, "outcome": "compressed",
+                                     "kept_digest": usage.luce_pflash["kept_digest"]}
+        digests.add(usage.luce_pflash["kept_digest"])
     whole = _chat(client, case.prompt, extra_body=OFF).usage  # the chat template's tokens, as sent and prefilled
     assert whole.luce_pflash == {"prompt_tokens_sent": whole.prompt_tokens, "prompt_tokens_kept": whole.prompt_tokens,
                                  "outcome": "skipped_opted_out"}
     for usage in (_chat(client, case.prompt).usage, _usage_chunk(_chat(client, case.prompt, **stream))):
         assert usage.prompt_tokens < 0.5 * whole.prompt_tokens
         assert usage.luce_pflash == {"prompt_tokens_sent": whole.prompt_tokens,
-                                     "prompt_tokens_kept": usage.prompt_tokens, "outcome": "compressed"}
+                                     "prompt_tokens_kept": usage.prompt_tokens, "outcome": "compressed",
+                                     "kept_digest": usage.luce_pflash["kept_digest"]}
+        digests.add(usage.luce_pflash["kept_digest"])
+    assert len(digests) == 2  # the prompt kept alike, streamed or not; the chat template's prompt another
     assert _chat(client, case.prompt, tools=TOOLS, tool_choice="none").usage.luce_pflash["outcome"] == "skipped_tools"
 
 

@@ -48,6 +48,22 @@ def test_an_unknown_count_is_null_and_so_is_its_sum():
     assert field["prompt_tokens_sent"] is None and field["prompts"][1]["prompt_tokens_kept"] == 30
 
 
+def test_a_compressed_prompt_carries_the_digest_of_what_was_kept():
+    token = U._records.set({})
+    try:
+        U.note("chatcmpl-a", LONG, KEPT, "compressed")
+        U.note("chatcmpl-b", LONG, {"type": "token", "prompt_token_ids": list(range(1, 201))}, "compressed")
+        U.note("chatcmpl-c", SHORT, SHORT, "skipped_short_prompt")
+        records = U._records.get()
+    finally:
+        U._records.reset(token)
+    a, b = (U.usage_field(records, rid) for rid in ("chatcmpl-a", "chatcmpl-b"))
+    assert a == {"prompt_tokens_sent": 1000, "prompt_tokens_kept": 200, "outcome": "compressed",
+                 "kept_digest": U.kept_digest(range(200))}
+    assert len(a["kept_digest"]) == 16 and a["kept_digest"] != b["kept_digest"]  # as many kept, not the same ones
+    assert "kept_digest" not in U.usage_field(records, "chatcmpl-c")  # the prompt as sent: nothing to tell apart
+
+
 def test_note_keeps_nothing_outside_an_http_request_and_refuses_an_outcome_outside_the_set():
     U.note("r", LONG, KEPT, "compressed")  # the offline LLM: no record set in the context
     assert U._records.get() is None
@@ -174,7 +190,8 @@ def test_a_stream_gets_the_field_in_its_usage_chunk():
     sent = asyncio.run(run_app(app, "/v1/chat/completions"))
     assert sent[1]["body"] == b'data: {"id":"chatcmpl-g","choices":[{}]}\n\n'
     usage = json.loads(sent[2]["body"].split(b"\n\n")[0][len(b"data: "):])["usage"]
-    assert usage["luce_pflash"] == {"prompt_tokens_sent": 1000, "prompt_tokens_kept": 200, "outcome": "compressed"}
+    assert usage["luce_pflash"] == {"prompt_tokens_sent": 1000, "prompt_tokens_kept": 200, "outcome": "compressed",
+                                    "kept_digest": U.kept_digest(range(200))}
     assert sent[3]["body"] == b"data: [DONE]\n\n" and sent[4]["body"] == b""
 
 

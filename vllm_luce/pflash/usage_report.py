@@ -16,8 +16,10 @@ or the client goes away, and a request added outside such an HTTP request (the o
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from array import array
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Mapping
@@ -34,9 +36,16 @@ class Record:
     sent: int | None  # the prompt's tokens as the client sent them (None: a prompt without token ids or embeddings)
     kept: int | None  # the tokens handed to vLLM, which it prefills and counts in usage.prompt_tokens
     outcome: str
+    digest: str | None = None  # a compressed prompt's kept tokens, hashed: two prompts kept alike have one digest
 
     def as_dict(self) -> dict[str, Any]:
-        return {"prompt_tokens_sent": self.sent, "prompt_tokens_kept": self.kept, "outcome": self.outcome}
+        out = {"prompt_tokens_sent": self.sent, "prompt_tokens_kept": self.kept, "outcome": self.outcome}
+        return out if self.digest is None else {**out, "kept_digest": self.digest}
+
+
+def kept_digest(token_ids: Any) -> str:
+    """16 hex digits of a hash of the kept token ids: which tokens PFlash kept, in a few bytes of the response."""
+    return hashlib.blake2b(array("q", token_ids).tobytes(), digest_size=8).hexdigest()
 
 
 _records: ContextVar[dict[str, Record] | None] = ContextVar("luce_pflash_records", default=None)
@@ -59,7 +68,9 @@ def note(request_id: str, sent: Any, kept: Any, outcome: str) -> None:
         raise ValueError(f"PFlash: outcome {outcome!r} is not one of {PFLASH_OUTCOMES}")
     records = _records.get()
     if records is not None:
-        records[request_id] = Record(prompt_tokens(sent), prompt_tokens(kept), outcome)
+        ids = kept.get("prompt_token_ids") if outcome == "compressed" and isinstance(kept, Mapping) else None
+        records[request_id] = Record(prompt_tokens(sent), prompt_tokens(kept), outcome,
+                                     None if ids is None else kept_digest(ids))
 
 
 def _total(values: list[int | None]) -> int | None:
@@ -82,6 +93,8 @@ def usage_field(records: Mapping[str, Record], response_id: str) -> dict[str, An
                              "prompt_tokens_kept": _total([p.kept for p in prompts])}
     if len(prompts) == 1:
         field["outcome"] = prompts[0].outcome
+        if prompts[0].digest is not None:
+            field["kept_digest"] = prompts[0].digest
     else:
         field["prompts"] = [p.as_dict() for p in prompts]
     return field
