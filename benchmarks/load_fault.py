@@ -63,18 +63,11 @@ class Interrupted(BaseException):
     """SIGTERM: stop, and still write what was measured."""
 
 
-@cache
 def corpus_ids() -> tuple[int, ...]:
     """The trained model's held-out code as token ids: every prompt is a slice of it."""
-    from transformers import AutoTokenizer
+    from fixtures.trained import heldout_ids
 
-    from fixtures.trained import heldout_files, trained_model
-
-    tok = AutoTokenizer.from_pretrained(str(trained_model("tokenizer")))
-    ids: list[int] = []
-    for f in heldout_files():
-        ids += tok.encode(f["text"], add_special_tokens=False)
-    return tuple(ids)
+    return heldout_ids()
 
 
 def models(scale: str, workdir: Path) -> Path:

@@ -264,9 +264,14 @@ HOOKS: tuple[Hook, ...] = (
          "where unset and vLLM's defaults leave no room for DFlash's draft slots in the step's token budget",
          "the largest power of two whose slots take at most half the budget, with a warning",
          "vLLM sizes max_num_seqs for the draft slots itself"),
-    _row(SETTING, "vllm.sampling_params:SamplingParams.extra_args", f"{P}.chat_completion_request:_make_wrapper",
-         "PFlash", "luce_pflash_skip: a tool or response-format request is never compressed",
-         "the request's own dict with luce_pflash_skip added, in the to_sampling_params patch", "with that patch"),
+    _row(SETTING, "vllm.sampling_params:SamplingParams.extra_args",
+         (f"{P}.chat_completion_request:_make_wrapper", f"{KV}.frontend:mark_family"), "PFlash, KVFlash",
+         "luce_pflash_skip: a tool or response-format request is never compressed; luce_kvflash_family: the n "
+         "samples of one request split one share of host memory (vLLM's children share one params' extra_args, "
+         "which the scheduler reads)",
+         "the request's own dict with luce_pflash_skip added, in the to_sampling_params patch; luce_kvflash_family "
+         "= n set (a client's value cleared) before vLLM's add_request",
+         "with that patch; the family: when vLLM's scheduler knows a child request's parent"),
     _row(SETTING, "vllm.config.speculative:SpeculativeConfig.num_speculative_tokens_per_batch_size",
          f"{SD}.plain_steps_v2:set_graph_table", "DFlash",
          "on CUDA: draft lengths K and 0, so vLLM captures one-token decode graphs for the gate's plain steps",

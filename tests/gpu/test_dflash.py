@@ -139,9 +139,9 @@ def churn_prompts(count: int = 40, seed: int = 67) -> tuple[list[list[int]], lis
     160 tokens: requests join and finish at different steps, so each runs in batches of changing shape and place."""
     import random
 
-    from benchmarks.load_fault import corpus_ids
+    from fixtures.trained import heldout_ids
 
-    ids, rng = corpus_ids(), random.Random(seed)
+    ids, rng = heldout_ids(), random.Random(seed)
     prompts = []
     for _ in range(count):
         n = rng.randint(30, 1500)

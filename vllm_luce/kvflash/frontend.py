@@ -10,6 +10,7 @@ from typing import Any
 # The sampling params' key the engine client sets on a request for ``n`` > 1 samples, before vLLM splits it into n
 # children of one params: the children split one share of host memory. Never the client's: always overwritten.
 FAMILY = "luce_kvflash_family"
+TARGET = "vllm.sampling_params:SamplingParams.extra_args"
 
 
 def family_of(params: Any) -> int:
@@ -21,12 +22,14 @@ def family_of(params: Any) -> int:
 
 def mark_family(params: Any) -> None:
     """Set (or clear) ``FAMILY`` from the request's ``n``, whatever the client sent in ``vllm_xargs``."""
+    from vllm_luce import hooks
+
     extra = getattr(params, "extra_args", None)
     n = getattr(params, "n", 1) or 1
     if n > 1:
-        params.extra_args = {**(extra or {}), FAMILY: n}
+        hooks.bind(TARGET, params, {**(extra or {}), FAMILY: n})
     elif extra and FAMILY in extra:
-        params.extra_args = {k: v for k, v in extra.items() if k != FAMILY}
+        hooks.bind(TARGET, params, {k: v for k, v in extra.items() if k != FAMILY})
 
 
 def prompt_tokens(prompt: Any) -> int | None:
