@@ -206,7 +206,8 @@ def kvflash_lines(luce: LuceConfig, architectures: list[str], text: dict, max_mo
     longest_context = AdmissionConfig(chunk_tokens=cfg.chunk_tokens, pool_chunks=cfg.pool_chunks,
                                       block_size=cfg.chunk_tokens, chunk_bytes=engine_chunk,
                                       request_bytes=request).max_tokens(lookahead)
-    lines.append(f"  host_request_bytes: {kv.host_request_bytes}: about {size(request)} per request, split between the n samples of one ("
+    lines.append(f"  host_request_bytes: {kv.host_request_bytes}: about {size(request)} per request, split between "
+                 "the n samples of one ("
                  + ("max_model_len fits" if longest_context >= max_model_len else
                     f"a prompt beyond about {longest_context} tokens is refused") + ")")
     pinned = resolve_pinned_bytes(kv.host_pinned_bytes, budget, worker_chunk, max_model_len, cfg.pool_tokens,

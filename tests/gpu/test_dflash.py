@@ -154,7 +154,8 @@ def churn_prompts(count: int = 40, seed: int = 67) -> tuple[list[list[int]], lis
 def test_trained_hybrid_pair_under_batch_churn_equals_no_speculation(trained_hybrid, tmp_path):
     """40 requests of mixed lengths joining and leaving the batch, chunked prefill beside decodes: with the gate
     switching every few steps, with and without asynchronous scheduling, on Model Runner V1 and V2, the greedy
-    answers part from plain decoding's only at a near-tie (issue 67: a request's answer must not depend on the others in its batch)."""
+    answers part from plain decoding's only at a near-tie (issue 67: a request's answer must not depend on the
+    others in its batch)."""
     prompts, lengths = churn_prompts()
     base = {"model": str(trained_hybrid), "prompts": prompts, "max_tokens": lengths, "logprobs": 2}
     shared = {"max_model_len": 2048, "dtype": "bfloat16", "max_num_batched_tokens": 512}

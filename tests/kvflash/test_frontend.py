@@ -9,8 +9,8 @@ from vllm_luce.kvflash import frontend as F
 
 CHUNK = 64
 # a pool of 8 chunks, a share of 9 chunks of 1000 bytes, 15 lookahead tokens: max_tokens as engine_tiers publishes it
-FACTS = {"max_tokens": (8 + 9) * CHUNK - 15 - CHUNK, "request_bytes": 9000, "chunk_bytes": 1000, "pool_tokens": 8 * CHUNK,
-         "chunk_tokens": CHUNK, "budget": 10**6, "waits": True}
+FACTS = {"max_tokens": (8 + 9) * CHUNK - 15 - CHUNK, "request_bytes": 9000, "chunk_bytes": 1000,
+         "pool_tokens": 8 * CHUNK, "chunk_tokens": CHUNK, "budget": 10**6, "waits": True}
 
 
 def params(n=1, extra=None):

@@ -61,4 +61,5 @@ def check(engine: Any, prompt: Any, params: Any) -> None:
     raise bad_request(
         f"luce.kvflash.host_request_bytes: this prompt of {n} tokens would page out more KV than one request may hold "
         f"in host memory ({share} bytes{samples}, {chunk} bytes per chunk beyond a pool of {pool} tokens): KVFlash "
-        f"serves up to {limit - 1} prompt tokens here; raise luce.kvflash.host_request_bytes or luce.kvflash.host_bytes")
+        f"serves up to {limit - 1} prompt tokens here; raise luce.kvflash.host_request_bytes or "
+        "luce.kvflash.host_bytes")
