@@ -36,7 +36,6 @@ import tempfile
 import time
 import urllib.request
 from dataclasses import replace
-from functools import cache
 from pathlib import Path
 
 from benchmarks.vllm_gpu_common import header
