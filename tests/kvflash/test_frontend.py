@@ -8,9 +8,10 @@ import pytest
 from vllm_luce.kvflash import frontend as F
 
 CHUNK = 64
-# a pool of 8 chunks, a share of 9 chunks of 1000 bytes, 15 lookahead tokens: max_tokens as engine_tiers publishes it
-FACTS = {"max_tokens": (8 + 9) * CHUNK - 15 - CHUNK, "request_bytes": 9000, "chunk_bytes": 1000,
-         "pool_tokens": 8 * CHUNK, "chunk_tokens": CHUNK, "budget": 10**6, "waits": True}
+# a pool of 8 chunks, a share of 9 chunks of 1000 bytes, 15 lookahead tokens, as engine_tiers publishes them
+FACTS = {"pool_chunks": 8, "chunk_tokens": CHUNK, "chunk_bytes": 1000, "request_bytes": 9000, "margin": 15 + CHUNK,
+         "pool_tokens": 8 * CHUNK, "budget": 10**6, "waits": True}
+LONGEST = (8 + 9) * CHUNK - 15 - CHUNK  # refused: a prompt of this many tokens alone
 
 
 def params(n=1, extra=None):
@@ -28,7 +29,7 @@ def prompt(tokens):
 
 
 def test_a_request_for_n_samples_is_marked_and_its_prompt_checked_against_a_share_split_n_ways(engine):
-    F.check(engine, prompt(FACTS["max_tokens"] - 1), params())  # the longest a request alone may send
+    F.check(engine, prompt(LONGEST - 1), params())  # the longest a request alone may send
     one = params(n=3, extra={"luce_dflash": "off"})
     F.check(engine, prompt((8 + 3) * CHUNK - 15 - CHUNK - 1), one)
     assert one.extra_args == {"luce_dflash": "off", F.FAMILY: 3} and F.family_of(one) == 3
@@ -36,7 +37,7 @@ def test_a_request_for_n_samples_is_marked_and_its_prompt_checked_against_a_shar
                                          r"request's n=3 samples"):
         F.check(engine, prompt((8 + 3) * CHUNK - 15 - CHUNK), params(n=3))
     with pytest.raises(ValueError, match="host_request_bytes"):
-        F.check(engine, prompt(FACTS["max_tokens"]), params())
+        F.check(engine, prompt(LONGEST), params())
 
 
 def test_the_family_is_the_servers_word_never_the_clients(engine):

@@ -69,9 +69,10 @@ def build_admission(scheduler, luce) -> HostAdmission | None:
         manager.luce_admission = admission
     scheduler.luce_kvflash_manager = managers[0]  # the scheduler's pre-allocation check (scheduler.py)
     lookahead = getattr(scheduler, "num_lookahead_tokens", 0) or 0
-    publish_facts(vllm_config, {"max_tokens": config.max_tokens(lookahead + cfg.chunk_tokens),
-                                "request_bytes": config.request_bytes, "chunk_bytes": chunk_bytes,
-                                "pool_tokens": cfg.pool_tokens, "chunk_tokens": cfg.chunk_tokens,
+    # the frontend's limit is ``config.max_tokens(margin, n)``: a prompt's first step writes up to a chunk beyond it
+    publish_facts(vllm_config, {"pool_chunks": cfg.pool_chunks, "chunk_tokens": cfg.chunk_tokens,
+                                "chunk_bytes": chunk_bytes, "request_bytes": config.request_bytes,
+                                "margin": lookahead + cfg.chunk_tokens, "pool_tokens": cfg.pool_tokens,
                                 "budget": ledger.budget, "waits": waits})
     logger.info("%s: KVFlash tiers: cold chunks in free KV blocks %s (%d blocks kept free), then host memory: budget "
                 "%.1f GiB for this host (%s, %s when spent), %.1f GiB pinned by this engine, %.2f GiB at most per "

@@ -43,6 +43,7 @@ def prompt_tokens(prompt: Any) -> int | None:
 def check(engine: Any, prompt: Any, params: Any) -> None:
     """Raise a ValueError naming ``luce.kvflash.host_request_bytes`` for a prompt KVFlash could never serve (for ``n``
     samples, within a share split ``n`` ways); mark a request for ``n`` samples (``FAMILY``)."""
+    from vllm_luce.kvflash.admission import AdmissionConfig
     from vllm_luce.kvflash.engine_tiers import read_facts
     from vllm_luce.request_args import bad_request
 
@@ -52,8 +53,11 @@ def check(engine: Any, prompt: Any, params: Any) -> None:
         return
     mark_family(params)
     family = family_of(params)
-    share, chunk, pool = facts["request_bytes"] // family, facts["chunk_bytes"], facts["pool_tokens"]
-    limit = facts["max_tokens"] - (facts["request_bytes"] // chunk - share // chunk) * facts["chunk_tokens"]
+    tiers = AdmissionConfig(chunk_tokens=facts["chunk_tokens"], pool_chunks=facts["pool_chunks"],
+                            block_size=facts["chunk_tokens"], chunk_bytes=facts["chunk_bytes"],
+                            request_bytes=facts["request_bytes"])
+    share, chunk, pool = tiers.share(family), facts["chunk_bytes"], facts["pool_tokens"]
+    limit = tiers.max_tokens(facts["margin"], family)
     n = prompt_tokens(prompt)
     if n is None or n < limit:
         return
