@@ -140,6 +140,9 @@ EXPECTED: dict[str, str] = {
         '(self, desc: BatchExecutionDescriptor)',
     "vllm.v1.worker.gpu.spec_decode.dflash.speculator:DFlashSpeculator._prepare_graph_forward":
         '(self, num_reqs: int, attn_metadata: dict[str, Any] | None) -> None',
+    "vllm.v1.worker.gpu.model_states.mamba_hybrid:MambaHybridModelState.preprocess_state":
+        '(self, input_batch: InputBatch, block_tables: tuple[torch.Tensor, ...], kv_cache_config: KVCacheConfig, '
+        'num_computed_tokens: torch.Tensor) -> None',
     "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.combine_hidden_states":
         '(self, hidden_states: torch.Tensor) -> torch.Tensor',
     "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM.precompute_and_store_context_kv":

@@ -154,6 +154,7 @@ KV_SCHEDULER_HOOK = "vLLM offers plugins scheduler hooks (per-request chunk leng
 WITH_SPEC_PATCH = "with the create_speculative_config patch (vLLM resolves drafters itself)"
 V2_PLAIN_STEPS = "vLLM's Model Runner V2 skips the drafter's forward on a step that asks for no drafts"
 STASH_026 = "vllm-luce drops vLLM 0.26 (the context stash serves 0.26 only)"
+STATE_026 = "vllm-luce drops vLLM 0.26 (from 0.32 a decode row without drafts takes the verify path)"
 
 # Each ledger entry's feature, stage, purpose and any other vLLM name it relies on (the ledger holds signatures,
 # how and removal condition).
@@ -372,6 +373,10 @@ HOOKS: tuple[Hook, ...] = (
          f"{V026}.context_stash_v2:bind_context_stash",
          "DFlash", "vLLM 0.26 (plain_context_stash): held context written in one pass before any other "
          "context write", "commits or writes what the stash holds, then vLLM's write", STASH_026, runner=V2),
+    _row(INSTANCE_WRAP, "vllm.v1.worker.gpu.model_states.mamba_hybrid:MambaHybridModelState.preprocess_state",
+         f"{V026}.recurrent_state_v2:bind_v2", "DFlash", "(vLLM 0.26 bug) a hybrid target's decode row without "
+         "drafts after its request's verify step reads the Gated DeltaNet state of that step's first token",
+         "moves those rows' states to slot 0 and their kept count to 1, then vLLM's", STATE_026),
     # patches: one row per ledger entry, in the ledger's order (PATCHES above)
 ) + tuple(_patch(e.target, *PATCHES[e.target]) for e in LEDGER) + tuple(
     # subclass overrides (hook_overrides.py)
@@ -401,6 +406,9 @@ HOOKS: tuple[Hook, ...] = (
     _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{V026}.context_stash_v2:bind_v2", "DFlash",
          "vLLM 0.26 (plain_context_stash, on by default there): plain steps hold the drafter's context inputs",
          "the same, after the plain steps' binding", STASH_026, KV_CACHE_V2),
+    _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{V026}.recurrent_state_v2:bind_v2", "DFlash",
+         "vLLM 0.26, speculating on a hybrid target: the model state's preprocess_state moves the state of a decode "
+         "row without drafts after a verify step", "the same", STATE_026, KV_CACHE_V2),
     _row(FEATURE, "GPUModelRunner.initialize_kv_cache (V1 and V2)", f"{PF}.worker:bind", "PFlash",
          "load the PFlash drafter on rank 0 (after the KV cache: a drafter that cannot load stops startup)",
          "the same, on either runner", "vLLM offers a worker-side hook after the KV cache is allocated",

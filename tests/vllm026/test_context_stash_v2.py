@@ -16,10 +16,12 @@ V2_KV_CACHE = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.initialize_kv_cach
 
 
 def bind_as_v2_does(runner, luce):
-    """DFlash's rows after Model Runner V2's initialize_kv_cache, in the table's order (the plain steps, then the
-    stash), as the initialize_kv_cache patch runs them; the plain steps' state."""
+    """DFlash's rows after Model Runner V2's initialize_kv_cache, in the table's order (the plain steps, the stash,
+    then the recurrent state's realigner, which a runner without a hybrid target skips), as the initialize_kv_cache
+    patch runs them; the plain steps' state."""
     rows = [h for h in hooks.features(target=V2_KV_CACHE) if h.feature == "DFlash"]
-    assert [h.owners[0].rsplit(".", 1)[1] for h in rows] == ["plain_steps_v2:bind_v2", "context_stash_v2:bind_v2"]
+    assert [h.owners[0].rsplit(".", 1)[1] for h in rows] == ["plain_steps_v2:bind_v2", "context_stash_v2:bind_v2",
+                                                             "recurrent_state_v2:bind_v2"]
     for row in rows:
         row.function()(runner, luce)
     return runner.luce_plain_steps

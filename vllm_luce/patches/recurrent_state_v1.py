@@ -23,7 +23,7 @@ import torch
 from vllm_luce.hook_ledger import ledger_signature
 from vllm_luce.log import logger, tag
 from vllm_luce.patches import wrap_method
-from vllm_luce.spec_decode.recurrent_state import realign, rows_to_realign
+from vllm_luce.spec_decode.recurrent_state import realign, rows_to_realign, state_layers
 
 TARGET = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._prepare_inputs"
 COUNTS = "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states_after_model_execute"
@@ -53,15 +53,8 @@ class Realigner:
         from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
         from vllm.v1.kv_cache_interface import MambaSpec
 
-        context, layers = runner.compilation_config.static_forward_context, []
-        for group_id, group in enumerate(runner.kv_cache_config.kv_cache_groups):
-            if not isinstance(group.kv_cache_spec, MambaSpec):
-                continue
-            for name in group.layer_names:
-                layer = context[name]
-                if hasattr(layer, "conv_kernel_size") and len(layer.kv_cache) == 2:
-                    conv, ssm = layer.kv_cache
-                    layers.append((conv, ssm, layer.conv_kernel_size - 1, group_id))
+        layers = state_layers(runner.kv_cache_config.kv_cache_groups, runner.compilation_config.static_forward_context,
+                              lambda spec: isinstance(spec, MambaSpec))
         if not layers:
             return None
         logger.info("%s: hybrid target speculating: a row vLLM reads at slot 0 after its request's verify step (back "

@@ -13,14 +13,35 @@ a == 1, for:
 * on vLLM 0.26, a decode row without drafts after a verify step (0.32 sends it through the verify path).
 
 ``rows_to_realign`` finds those rows; ``realign`` moves each one's state to slot 0 and offset 0, after which reading
-it as one kept token (what the binding then tells vLLM) is right on every series.
+it as one kept token (what the binding then tells vLLM) is right on every series. vLLM 0.26's Model Runner V2 keeps
+each request's count across batch changes but reads slot 0 for a decode row without drafts too (its binding:
+``vllm_luce/vllm026/recurrent_state_v2.py``); ``state_layers`` finds the layers for both runners.
 """
 
 from __future__ import annotations
 
-from typing import AbstractSet, Mapping, Sequence
+from typing import AbstractSet, Any, Callable, Mapping, Sequence
 
 import torch
+
+# A Gated DeltaNet layer's (conv state, ssm state, conv window (kernel width - 1), KV cache group)
+StateLayer = tuple[torch.Tensor, torch.Tensor, int, int]
+
+
+def state_layers(groups: Sequence[Any], forward_context: Mapping[str, Any],
+                 is_recurrent: Callable[[Any], bool]) -> list[StateLayer]:
+    """The Gated DeltaNet layers of a runner's KV cache groups (``kv_cache_config.kv_cache_groups``) whose spec
+    ``is_recurrent`` (vLLM's MambaSpec): the layers of ``forward_context`` with a conv kernel and two state tensors."""
+    layers = []
+    for group_id, group in enumerate(groups):
+        if not is_recurrent(group.kv_cache_spec):
+            continue
+        for name in group.layer_names:
+            layer = forward_context[name]
+            if hasattr(layer, "conv_kernel_size") and len(layer.kv_cache) == 2:
+                conv, ssm = layer.kv_cache
+                layers.append((conv, ssm, layer.conv_kernel_size - 1, group_id))
+    return layers
 
 
 def rows_to_realign(previous: AbstractSet[str], verified: Mapping[str, bool], req_ids: Sequence[str],

@@ -4,6 +4,9 @@
   ``dflash.plain_context_stash``, the DFlash gate's plain steps holding the drafter's context inputs and writing them
   in one pass. vLLM 0.26's V2 DFlash speculator writes that context eagerly on every step; from 0.32 the drafter's
   CUDA graph writes it.
+* ``recurrent_state_v2.py``: on Model Runner V2 with a hybrid target, a decode row without drafts after its
+  request's verify step reads the Gated DeltaNet state of that step's last kept token. vLLM 0.26 reads slot 0 there;
+  from 0.32 such rows take the verify path, which reads the state in place.
 
 Nothing outside this package imports it or compares the vLLM series with 0.26 (tests/test_layout.py). It is reached
 only through rows of vllm_luce/hooks.py whose removal condition names vLLM 0.26; the feature installs resolve the
