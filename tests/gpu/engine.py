@@ -6,7 +6,10 @@ SPEC (JSON): {"model": path, "llm": {LLM keyword arguments}, "prompts": [text or
 (tokens, resident before, resident after, {chunk: score}), any engine), "kvflash_probe": bool,
 "record_reselections": bool (each request's KVFlash reselections, in-process engines only), "logprobs": k (each
 position's sampled and top-k logprobs, and the top token ids), "gate": {GateConfig fields} (the DFlash gate replaced
-by one of this config, e.g. one that switches every few steps; in-process engine cores only)}. OUT gets the greedy
+by one of this config, e.g. one that switches every few steps; in-process engine cores only), "aborts": [[prompt
+index, engine step], ...] (the prompts run through LLMEngine's step loop, each listed one aborted after that many
+steps if still running; its tokens, texts and logprobs are null; any list, empty too, takes the step loop)}. OUT gets
+the greedy
 token ids, the serving class, how vLLM ran (model runner, CUDA graphs, async scheduling), vLLM's spec-decode counters
 and the vllm:luce_* metrics. Nothing here sets vLLM's runtime defaults: the spec's `llm` and the caller's
 environment (VLLM_PLUGINS, VLLM_USE_V2_MODEL_RUNNER) decide.
@@ -58,18 +61,30 @@ def run(spec: dict) -> dict:
     if "reselections" in spec.get("rpc", ()):
         llm.collective_rpc(_start_recording)
     start = time.perf_counter()
+    aborted = None
     with _recording(spec.get("record_reselections")) as events:
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        if spec.get("aborts") is None:
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+        else:
+            outputs, aborted = _generate_aborting(llm.llm_engine, prompts, params, spec["aborts"])
     seconds = time.perf_counter() - start
-    result = {"tokens": [list(o.outputs[0].token_ids) for o in outputs], "texts": [o.outputs[0].text for o in outputs],
-              "prompt_tokens": [len(o.prompt_token_ids) for o in outputs],
+
+    def each(f):  # per prompt; null for a request aborted
+        return [None if o is None else f(o) for o in outputs]
+
+    result = {"tokens": each(lambda o: list(o.outputs[0].token_ids)), "texts": each(lambda o: o.outputs[0].text),
+              "prompt_tokens": [len(p["prompt_token_ids"]) if isinstance(p, dict) else None for p in prompts]
+              if aborted is not None else [len(o.prompt_token_ids) for o in outputs],
               "class": llm.apply_model(class_name)[0],
               "seconds": seconds, **_facts(llm), "counters": _counters(llm)}
+    if aborted is not None:
+        result["aborted"] = aborted
     if spec.get("logprobs"):  # per position: the sampled token's logprob, then the top ones, best first
-        result["logprobs"] = [[[step[t].logprob] + sorted((lp.logprob for lp in step.values()), reverse=True)
-                               for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outputs]
-        result["top_ids"] = [[sorted(step, key=lambda i, s=step: -s[i].logprob) for step in o.outputs[0].logprobs]
-                             for o in outputs]  # per position: the top token ids, best first
+        result["logprobs"] = each(lambda o: [[step[t].logprob] + sorted((lp.logprob for lp in step.values()),
+                                                                         reverse=True)
+                                             for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)])
+        result["top_ids"] = each(lambda o: [sorted(step, key=lambda i, s=step: -s[i].logprob)
+                                            for step in o.outputs[0].logprobs])  # per position: best first
     if "kvflash" in spec.get("rpc", ()):
         result["kvflash"] = llm.collective_rpc(_kvflash_report)
     if "reselections" in spec.get("rpc", ()):
@@ -85,6 +100,26 @@ def run(spec: dict) -> dict:
         result["reselections"] = [[(t, sorted(b), sorted(a)) for t, b, a in events_of(events, o.request_id)]
                                   if events else [] for o in outputs]
     return result
+
+
+def _generate_aborting(engine, prompts, params, aborts) -> tuple[list, list[list[int]]]:
+    """Every prompt added to ``engine`` (an LLMEngine) at once, then its step loop; each prompt of ``aborts`` (index,
+    step) aborted after that many steps if it has not finished. The finished outputs in prompt order (None for one
+    aborted) and, per abort made, [index, step, tokens it had]."""
+    when = {str(index): step for index, step in aborts}
+    for index, (prompt, param) in enumerate(zip(prompts, params)):
+        engine.add_request(str(index), prompt, param)
+    finished, latest, made, step = {}, {}, [], 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            (finished if out.finished else latest)[out.request_id] = out
+        step += 1
+        due = [r for r, s in when.items() if s <= step and r not in finished]
+        for req in due:
+            engine.abort_request([req])
+            made.append([int(req), step, len(latest[req].outputs[0].token_ids) if req in latest else 0])
+            del when[req]
+    return [None if str(i) in {str(m[0]) for m in made} else finished[str(i)] for i in range(len(prompts))], made
 
 
 def _recording(on):

@@ -7,8 +7,8 @@ plain path (``GDNAttentionMetadataBuilder.build``: no draft count >= 0, or a bat
 which reads slot 0 and conv offset 0: the state after the first token of the verify step, not after its last kept
 one. The DFlash gate's plain steps are such steps, so on V2 (which 0.26 runs for a hybrid target only where forced)
 greedy answers parted from plain decoding at clear top-1 gaps under the gate (tests/gpu/test_dflash.py, the batch
-churn test: 24 of 40 requests beyond 1 nat). vLLM 0.32 sends those rows through the verify path, which applies the
-count; this module goes with 0.26.
+churn test; docs/gpu.md). vLLM 0.32 sends those rows through the verify path, which applies the count; this module
+goes with 0.26.
 
 ``bind_v2`` wraps the model state's ``preprocess_state`` (real batches only, after the step's block tables are
 gathered, before the attention metadata reads the counts): the rows without drafts whose request verified drafts in
