@@ -50,7 +50,7 @@ def test_bystanders_keep_their_greedy_answers_beside_aborts(trained_hybrid, tmp_
     extra, extra_lengths, abort_steps = victims()
     first = len(extra)  # the bystanders' place in a report with victims
     luce = {"luce": {"kvflash": {"pool_tokens": POOL}}}
-    shared = {"max_model_len": 8192, "dtype": "bfloat16", "max_num_batched_tokens": 512}
+    shared = {"max_model_len": 8192, "dtype": "bfloat16", "max_num_batched_tokens": 512, "enable_prefix_caching": False}
     spec = {"model": str(trained_hybrid), "logprobs": 2, "gate": dataclasses.asdict(SWITCHING), "rpc": ["kvflash"]}
     quiet = {**spec, "prompts": prompts, "max_tokens": lengths, "aborts": []}
     busy = {**spec, "prompts": extra + prompts, "max_tokens": extra_lengths + lengths, "aborts": []}
@@ -59,24 +59,38 @@ def test_bystanders_keep_their_greedy_answers_beside_aborts(trained_hybrid, tmp_
     plain = {"model": str(trained_hybrid), "logprobs": 2, "prompts": prompts, "max_tokens": lengths, "aborts": [],
              "llm": llm_args(**shared)}
     env = {**IN_PROCESS, **RUNNERS["v1"]}
-    alone, by_itself, beside, aborted = side_by_side(
+    # One feature at a time beside the same aborts: where the run with both parts, these say which one it takes.
+    dflash_only = {**aborting, "rpc": [], "llm": llm_args(**shared, speculative_config={"model": "dflash"})}
+    kvflash_only = {**aborting, "gate": None, "llm": llm_args(additional_config=luce, **shared)}
+    alone, by_itself, beside, aborted, drafting, paging = side_by_side(
         (run_engine, (plain, tmp_path), {"name": "vllm-alone", "plugins": False, **RUNNERS["v1"]}),
         (run_engine, ({**quiet, "llm": llm}, tmp_path), {"name": "quiet", **env}),
         (run_engine, ({**busy, "llm": llm}, tmp_path), {"name": "busy", **env}),
-        (run_engine, ({**aborting, "llm": llm}, tmp_path), {"name": "aborting", **env}))
-    assert len(aborted["aborted"]) == len(abort_steps), aborted["aborted"]
-    assert sum(tokens > 0 for _, _, tokens in aborted["aborted"]) >= len(abort_steps) // 2, aborted["aborted"]
-    assert all(sum(r["page_outs"] for r in out["kvflash"]) > 0 for out in (beside, aborted)), beside["kvflash"]
-    assert gate_steps(aborted)["spec"] > 0, aborted["counters"]
-    reference = bystanders_of(by_itself, 0)
+        (run_engine, ({**aborting, "llm": llm}, tmp_path), {"name": "aborting", **env}),
+        (run_engine, (dflash_only, tmp_path), {"name": "aborting-dflash-only", **env}),
+        (run_engine, (kvflash_only, tmp_path), {"name": "aborting-kvflash-only", **env}))
+    for run in (aborted, drafting, paging):
+        assert len(run["aborted"]) == len(abort_steps), run["aborted"]
+        assert sum(tokens > 0 for _, _, tokens in run["aborted"]) >= len(abort_steps) // 2, run["aborted"]
+    assert all(sum(r["page_outs"] for r in out["kvflash"]) > 0 for out in (beside, aborted, paging)), beside["kvflash"]
+    assert gate_steps(aborted)["spec"] > 0 and gate_steps(drafting)["spec"] > 0, aborted["counters"]
+    reference, vllm = bystanders_of(by_itself, 0), bystanders_of(alone, 0)
     short = [i for i, p in enumerate(prompts) if len(p) + lengths[i] <= POOL]  # never paged: vLLM's answer
+
+    def unpaged(found: list[dict]) -> list[dict]:
+        return [p for p in found if p["request"] in short]
+
     report = {"aborted": aborted["aborted"], "short": short,
-              "quiet_vs_alone": [p for p in parts(reference, bystanders_of(alone, 0)) if p["request"] in short],
+              "quiet_vs_alone": unpaged(parts(reference, vllm)),
               "busy_vs_quiet": parts(bystanders_of(beside, first), reference),
               "aborting_vs_quiet": parts(bystanders_of(aborted, first), reference),
               "aborting_vs_busy": parts(bystanders_of(aborted, first), bystanders_of(beside, first)),
-              "kvflash": {name: out["kvflash"] for name, out in (("busy", beside), ("aborting", aborted))},
-              "counters": {name: out["counters"] for name, out in (("busy", beside), ("aborting", aborted))}}
+              "dflash_only_vs_alone": parts(bystanders_of(drafting, first), vllm),
+              "kvflash_only_vs_alone": unpaged(parts(bystanders_of(paging, first), vllm)),
+              "kvflash": {name: out["kvflash"] for name, out in (("busy", beside), ("aborting", aborted),
+                                                                   ("kvflash_only", paging))},
+              "counters": {name: out["counters"] for name, out in (("busy", beside), ("aborting", aborted),
+                                                                    ("dflash_only", drafting))}}
     keep_report(f"aborts_bystanders_tp{TP}", report)
-    assert not any(wide(report[key]) for key in ("quiet_vs_alone", "busy_vs_quiet", "aborting_vs_quiet")), \
-        {key: wide(report[key]) for key in ("quiet_vs_alone", "busy_vs_quiet", "aborting_vs_quiet")}
+    checked = ("quiet_vs_alone", "busy_vs_quiet", "aborting_vs_quiet", "dflash_only_vs_alone", "kvflash_only_vs_alone")
+    assert not any(wide(report[key]) for key in checked), {key: wide(report[key]) for key in checked}
