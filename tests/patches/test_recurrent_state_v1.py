@@ -33,13 +33,14 @@ def window(conv_block: torch.Tensor, start: int) -> torch.Tensor:
     return conv_block[:, start:start + WIDTH - 1] if dim_first() else conv_block[start:start + WIDTH - 1]
 
 
-def runner(req_ids, accepted, *, speculative=True, hybrid=True, mode="none"):
+def hybrid_runner(blocks: int, *, speculative=True, hybrid=True, mode="none", **fields) -> SimpleNamespace:
+    """What a runner stand-in of either model runner shares: its configuration, a full-attention group, then a Gated
+    DeltaNet group of two layers with ``blocks`` state blocks each (vLLM's own specs), and ``fields``."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
     mamba = MambaSpec(block_size=16, shapes=((2, WIDTH - 1 + K), (4,)), dtypes=(torch.float32, torch.float32))
     full = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
-    layers = {"linear.0": GDNLayer(16), "linear.1": GDNLayer(16), "full.0": SimpleNamespace(kv_cache=[])}
-    rows = torch.arange(len(req_ids) * (1 + K), dtype=torch.int32).view(len(req_ids), 1 + K) + 1
+    layers = {"linear.0": GDNLayer(blocks), "linear.1": GDNLayer(blocks), "full.0": SimpleNamespace(kv_cache=[])}
     return SimpleNamespace(
         speculative_config=object() if speculative else None, model_config=SimpleNamespace(is_hybrid=hybrid),
         cache_config=SimpleNamespace(mamba_cache_mode=mode),
@@ -47,9 +48,16 @@ def runner(req_ids, accepted, *, speculative=True, hybrid=True, mode="none"):
         kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=full, layer_names=["full.0"]),
                                                          SimpleNamespace(kv_cache_spec=mamba,
                                                                          layer_names=["linear.0", "linear.1"])]),
+        layers=layers, **fields)
+
+
+def runner(req_ids, accepted, *, speculative=True, hybrid=True, mode="none"):
+    rows = torch.arange(len(req_ids) * (1 + K), dtype=torch.int32).view(len(req_ids), 1 + K) + 1
+    return hybrid_runner(
+        16, speculative=speculative, hybrid=hybrid, mode=mode,
         input_batch=SimpleNamespace(req_ids=req_ids, num_reqs=len(req_ids),
                                     block_table={1: SimpleNamespace(get_device_tensor=lambda n: rows[:n])}),
-        num_accepted_tokens=SimpleNamespace(gpu=torch.tensor(accepted + [1] * 4)), layers=layers, rows=rows)
+        num_accepted_tokens=SimpleNamespace(gpu=torch.tensor(accepted + [1] * 4)), rows=rows)
 
 
 def step(prepare, run, drafts: dict, num_scheduled: list[int], kept: list[int] | None = None):

@@ -10,30 +10,12 @@ import numpy as np
 import pytest
 import torch
 
+from tests.patches.test_recurrent_state_v1 import K, hybrid_runner, window
 from vllm_luce import hooks
 from vllm_luce.vllm026 import recurrent_state_v2
 
-K, WIDTH, SLOTS = 3, 4, 1 + 3
+SLOTS = 1 + K  # each request's state slots in the Gated DeltaNet group's table
 V2_KV_CACHE = "vllm.v1.worker.gpu.model_runner:GPUModelRunner.initialize_kv_cache"
-
-
-class GDNLayer:
-    conv_kernel_size = WIDTH
-
-    def __init__(self, blocks: int, dim_first: bool):
-        conv = torch.arange(blocks * 2 * (WIDTH - 1 + K), dtype=torch.float32).view(blocks, -1, 2)
-        self.kv_cache = (conv.transpose(1, 2).contiguous() if dim_first else conv,
-                         torch.arange(blocks, dtype=torch.float32).view(blocks, 1).repeat(1, 4).clone())
-
-
-def dim_first() -> bool:
-    from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
-
-    return is_conv_state_dim_first()
-
-
-def window(conv_block: torch.Tensor, start: int) -> torch.Tensor:
-    return conv_block[:, start:start + WIDTH - 1] if dim_first() else conv_block[start:start + WIDTH - 1]
 
 
 class ModelState:
@@ -46,22 +28,10 @@ class ModelState:
 
 
 def runner(*, speculative=True, hybrid=True, mode="none", max_num_reqs=4):
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
-
-    mamba = MambaSpec(block_size=16, shapes=((2, WIDTH - 1 + K), (4,)), dtypes=(torch.float32, torch.float32))
-    full = FullAttentionSpec(block_size=16, num_kv_heads=1, head_size=8, dtype=torch.float32)
-    layers = {"linear.0": GDNLayer(32, dim_first()), "linear.1": GDNLayer(32, dim_first()),
-              "full.0": SimpleNamespace(kv_cache=[])}
     # request state index s owns blocks 1 + s * SLOTS ... (SLOTS of them): its row of the mamba group's table
     tables = torch.arange(max_num_reqs * SLOTS, dtype=torch.int32).view(max_num_reqs, SLOTS) + 1
-    return SimpleNamespace(
-        speculative_config=object() if speculative else None, model_config=SimpleNamespace(is_hybrid=hybrid),
-        cache_config=SimpleNamespace(mamba_cache_mode=mode),
-        compilation_config=SimpleNamespace(static_forward_context=layers),
-        kv_cache_config=SimpleNamespace(kv_cache_groups=[SimpleNamespace(kv_cache_spec=full, layer_names=["full.0"]),
-                                                         SimpleNamespace(kv_cache_spec=mamba,
-                                                                         layer_names=["linear.0", "linear.1"])]),
-        model_state=ModelState(max_num_reqs), layers=layers, tables=tables)
+    return hybrid_runner(32, speculative=speculative, hybrid=hybrid, mode=mode, model_state=ModelState(max_num_reqs),
+                         tables=tables)
 
 
 def step(run, states: list[int], drafts: list[int] | None, kept: list[int] | None = None):
