@@ -46,6 +46,7 @@ from fixtures.load_fault_client import Monitor, http_client, read_ledger, send
 from fixtures.load_fault_plan import (PROFILES, Profile, RequestPlan, host_round_request, kv_round_requests,
                                       pressure_rounds, prompt_ids, stream_plan)
 from fixtures.serve_load import scrape
+from fixtures.trained import heldout_ids
 
 SERVED = "t"
 DRAIN_S = {"cpu": 90, "gpu": 90}  # requests in flight at the end of the load get this long to finish
@@ -60,13 +61,6 @@ CPU_ONLY_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLL
 
 class Interrupted(BaseException):
     """SIGTERM: stop, and still write what was measured."""
-
-
-def corpus_ids() -> tuple[int, ...]:
-    """The trained model's held-out code as token ids: every prompt is a slice of it."""
-    from fixtures.trained import heldout_ids
-
-    return heldout_ids()
 
 
 def models(scale: str, workdir: Path) -> Path:
@@ -180,7 +174,7 @@ def wait_idle(base_url: str, timeout: float) -> tuple[str, float]:
 async def run_load(run: dict, server, profile: Profile, monitor: Monitor, seed: int) -> None:
     """The streams and the canary stream until ``profile.seconds`` have passed, with the pressure rounds, then the
     requests in flight until they end or ``DRAIN_S`` has passed (those still running then count as failed)."""
-    corpus, t0 = corpus_ids(), run["t0"]
+    corpus, t0 = heldout_ids(), run["t0"]
     deadline = t0 + profile.seconds
     in_flight: dict[int, RequestPlan] = {}
     resume = asyncio.Event()  # cleared while a KV round waits for the requests in flight and runs
@@ -284,7 +278,7 @@ def run_suite(args, run: dict) -> None:
     ledger = workdir / "kvflash-host-ledger"
     ledger.unlink(missing_ok=True)
     run["ledger"] = str(ledger)
-    corpus_ids()  # tokenized before the clock starts
+    heldout_ids()  # tokenized before the clock starts
     server = run["server"] = make_server(args.scale, profile, workdir, ledger, workdir / "serve.log")
     run["server_args"] = server.args[1:]
     t = time.monotonic()
@@ -295,7 +289,7 @@ def run_suite(args, run: dict) -> None:
     print(f"server healthy after {run['timings']['server_start_s']} s", flush=True)
 
     t = time.monotonic()
-    corpus = corpus_ids()
+    corpus = heldout_ids()
     plans = reference_plans(profile, args.seed, len(corpus))
     run["reference_plans"] = [plan.name for plan in plans]
     by_class = run["timings"]["reference_by_class_s"] = {}

@@ -1,19 +1,17 @@
 """One vLLM engine on the GPU, run as a subprocess by the GPU tier: `python -m tests.gpu.engine SPEC OUT`.
 
 SPEC (JSON): {"model": path, "llm": {LLM keyword arguments}, "prompts": [text or token-id lists],
-"max_tokens": n (or one per prompt), "xargs": [each prompt's vllm_xargs or null], "predictable": bool (register the test-only drafter class; in-process engines only),
-"rpc": ["kvflash"] (the workers' KVFlash totals; "reselections": each worker's reselections of every request:
-(tokens, resident before, resident after, {chunk: score}), any engine), "kvflash_probe": bool,
-"record_reselections": bool (each request's KVFlash reselections, in-process engines only), "logprobs": k (each
-position's sampled and top-k logprobs, and the top token ids), "gate": {GateConfig fields} (the DFlash gate replaced
-by one of this config, e.g. one that switches every few steps; in-process engine cores only), "aborts": [[prompt
-index, engine step], ...] (the prompts run through LLMEngine's step loop, each listed one aborted after that many
-steps if still running; its tokens, texts and logprobs are null; any list, empty too, takes the step loop)}. OUT gets
-the greedy
-token ids, the serving class, how vLLM ran (model runner, CUDA graphs, async scheduling), vLLM's spec-decode counters
-and the vllm:luce_* metrics. Nothing here sets vLLM's runtime defaults: the spec's `llm` and the caller's
-environment (VLLM_PLUGINS, VLLM_USE_V2_MODEL_RUNNER) decide.
-"""
+"max_tokens": n (or one per prompt), "xargs": [each prompt's vllm_xargs or null], "predictable": bool (register the
+test-only drafter class; in-process engines only), "rpc": ["kvflash"] (the workers' KVFlash totals; "reselections":
+each worker's reselections of every request: (tokens, resident before, resident after, {chunk: score}), any engine),
+"kvflash_probe": bool, "record_reselections": bool (each request's KVFlash reselections, in-process engines only),
+"logprobs": k (each position's sampled and top-k logprobs, and the top token ids), "gate": {GateConfig fields} (the
+DFlash gate replaced by one of this config, e.g. one that switches every few steps; in-process engine cores only),
+"aborts": [[prompt index, engine step], ...] (the prompts run through LLMEngine's step loop, each listed one aborted
+after that many steps if still running; its tokens, texts and logprobs are null; any list, empty too, takes the step
+loop)}. OUT gets the greedy token ids, the serving class, how vLLM ran (model runner, CUDA graphs, async
+scheduling), vLLM's spec-decode counters and the vllm:luce_* metrics. Nothing here sets vLLM's runtime defaults: the
+spec's `llm` and the caller's environment (VLLM_PLUGINS, VLLM_USE_V2_MODEL_RUNNER) decide."""
 
 from __future__ import annotations
 
@@ -119,7 +117,8 @@ def _generate_aborting(engine, prompts, params, aborts) -> tuple[list, list[list
             engine.abort_request([req])
             made.append([int(req), step, len(latest[req].outputs[0].token_ids) if req in latest else 0])
             del when[req]
-    return [None if str(i) in {str(m[0]) for m in made} else finished[str(i)] for i in range(len(prompts))], made
+    gone = {str(index) for index, _, _ in made}
+    return [None if str(i) in gone else finished[str(i)] for i in range(len(prompts))], made
 
 
 def _recording(on):
