@@ -144,28 +144,31 @@ class PooledBuilder:
 
     def _pooled(self, cm, capture: bool = False):
         n, runtime = cm.num_reqs, self._runtime
+        # ``num_reqs`` counts a graph's padding rows; the pagers' rows end at the step's requests, and the padding
+        # keeps vLLM's lengths (0): the pagers' rows there hold an earlier step's requests
+        live = n if capture else min(n, len(runtime.step_req_ids))
         lens = runtime.graph_buffer("seq_lens", cm.seq_lens)
         if capture:  # vLLM's capture lengths, within what a pool holds (SFI's dense steps read everything)
             cap = cm.max_seq_len if runtime.selection == "sfi" else min(cm.max_seq_len, runtime.config.pool_tokens)
             torch.clamp(cm.seq_lens, max=cap, out=lens)
             lens_cpu = torch.full((n,), cap, dtype=torch.int32)
         else:
-            lens_cpu = runtime.resident_lens[:n]
-            lens.copy_(cm.seq_lens)  # rows past the batch (graph padding) as vLLM set them
-            if n:
-                lens[:n].copy_(to_device_async(lens_cpu.to(lens.dtype), lens.device))
-        changes = dict(seq_lens=lens, max_seq_len=int(lens_cpu.max()) if n else 0)
+            lens_cpu = runtime.resident_lens[:live]
+            lens.copy_(cm.seq_lens)
+            if live:
+                lens[:live].copy_(to_device_async(lens_cpu.to(lens.dtype), lens.device))
+        changes = dict(seq_lens=lens, max_seq_len=int(lens_cpu.max()) if live else 0)
         if runtime.selection == "sfi":  # fast steps: a row starts at its selection's first block
             table = runtime.graph_buffer("block_table", cm.block_table_tensor)
             table.copy_(cm.block_table_tensor)
-            width, skips = table.shape[1], runtime.skip_blocks[:n]
+            width, skips = table.shape[1], runtime.skip_blocks[:live]
             for r in torch.nonzero(skips).flatten().tolist():
                 s = int(skips[r])
                 table[r, : width - s] = cm.block_table_tensor[r, s:]
             changes["block_table_tensor"] = table
         if cm.seq_lens_cpu_upper_bound is not None:
             upper = cm.seq_lens_cpu_upper_bound.clone()
-            upper[:n] = torch.minimum(upper[:n], lens_cpu.to(upper.dtype) + cm.max_query_len)
+            upper[:live] = torch.minimum(upper[:live], lens_cpu.to(upper.dtype) + cm.max_query_len)
             changes["seq_lens_cpu_upper_bound"] = upper
         return replace(cm, **changes)
 
