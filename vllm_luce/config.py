@@ -165,6 +165,10 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                  help="pinned while the server starts, never while it serves, within host_bytes; "
                                       "page-outs beyond it copy to pageable memory, synchronously, which stalls the "
                                       "engine (GPU only; docs/kvflash.md)"),
+        "audit": Key(False, bool, "true or false",
+                     help="a diagnostic (Model Runner V1): each step checks that no KV cache block is held by two "
+                          "requests and that the pooled layers' new tokens land in their own request's blocks, "
+                          "counted in the workers' KVFlash totals and logged; costs host time every step"),
     },
     "pflash": {
         "drafter": Key("", str, "a path to a Hugging Face causal LM directory (config.json + safetensors)",

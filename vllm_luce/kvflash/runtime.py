@@ -55,7 +55,7 @@ class KVFlashRuntime:
                  host_budget: int | None = None, metric_labels: dict | None = None, selection: str = "page",
                  query_window: int = 1, scored_dims: ScoredDims = ScoredDims(), host_pinned: int | str = 0,
                  max_model_len: int = 0, ledger=None, engine: int = 0, draft_tokens: int = 0,
-                 host_request: int | str = "auto", ranks: int = 1):
+                 host_request: int | str = "auto", ranks: int = 1, audit=None):
         self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
         self.selection = selection
         self.caches = caches
@@ -88,6 +88,7 @@ class KVFlashRuntime:
         self.host_request, self.ranks = host_request, ranks  # luce.kvflash.host_request_bytes; the engine's workers
         self.max_model_len = max_model_len
         # what the scheduler's admission reserves host memory by (``admission.py``): chunks, whatever their bytes
+        self.audit = audit  # audit.Audit with luce.kvflash.audit (Model Runner V1), else None
         self.tiers = AdmissionConfig(chunk_tokens=config.chunk_tokens, pool_chunks=config.pool_chunks,
                                      block_size=block_size, chunk_bytes=0, request_bytes=0)
 
@@ -341,7 +342,8 @@ class KVFlashRuntime:
         keys = ("page_outs", "page_ins", "cold_outs", "cold_ins", "bytes_out", "bytes_in", "moves", "reselections",
                 "dropped", "lost", "host_over_reserved", "uncut_decisions", "reselect_s", "sparse_steps", "dense_steps",
                 "attended_tokens", "context_tokens")
-        return {k: getattr(self.released, k) + sum(getattr(p.stats, k) for p in self.pagers.values()) for k in keys}
+        totals = {k: getattr(self.released, k) + sum(getattr(p.stats, k) for p in self.pagers.values()) for k in keys}
+        return totals if self.audit is None else {**totals, **self.audit.stats()}
 
     def publish_metrics(self) -> None:
         """The totals as of now, in ``/metrics`` at the next scrape (``report_metrics`` waits up to 1.5 s)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from vllm_luce import hooks
+from vllm_luce.kvflash.audit import Audit
 from vllm_luce.kvflash.cache_layout import cache_layout
 from vllm_luce.kvflash.runtime import KVFlashRuntime
 from vllm_luce.kvflash.settings import pager_config_from
@@ -33,8 +34,9 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
     runtime = KVFlashRuntime(cfg, luce.kvflash.policy, caches, layout, spec.head_size, block_table.block_size,
                              runner.input_batch.max_num_reqs, scorer=_drafter_scorer(runner, luce, cfg),
                              reduce_max=tp_reduce_max(), scored_dims=scored_dims(runner.get_model(), group.layer_names),
+                             audit=Audit() if luce.kvflash.audit else None,
                              **runtime_options(runner.vllm_config, luce))
-    _bind_slot_mapping(runner, block_table, runtime)
+    _bind_slot_mapping(runner, gid, runtime)
     for attn_group in attn_groups:
         builders = [PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
         hooks.bind("vllm.v1.worker.utils:AttentionGroup.metadata_builders", attn_group, builders)
@@ -59,8 +61,9 @@ def _drafter_scorer(runner, luce, cfg):
     return drafter_scorer(runner, luce, cfg)
 
 
-def _bind_slot_mapping(runner, block_table, runtime: KVFlashRuntime) -> None:
+def _bind_slot_mapping(runner, gid: int, runtime: KVFlashRuntime) -> None:
     """The pooled group's slot mapping comes from the pagers instead of ``row[pos // block]``."""
+    block_table = runner.input_batch.block_table[gid]
 
     def compute_slot_mapping(num_reqs: int, query_start_loc: torch.Tensor, positions: torch.Tensor) -> None:
         batch = runner.input_batch
@@ -74,6 +77,9 @@ def _bind_slot_mapping(runner, block_table, runtime: KVFlashRuntime) -> None:
         n = len(slots)
         block_table.slot_mapping.np[:n] = slots
         block_table.slot_mapping.copy_to_gpu(n)
+        if runtime.audit is not None:
+            groups = [(t.block_table.np, t.num_blocks_per_row) for t in batch.block_table.block_tables]
+            runtime.audit.check(groups, num_reqs, slots, qsl, gid, block_table.block_size, batch.req_ids)
 
     hooks.bind("vllm.v1.worker.block_table:BlockTable.compute_slot_mapping", block_table, compute_slot_mapping)
 

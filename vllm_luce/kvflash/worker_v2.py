@@ -113,4 +113,6 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
     runtime.warm_up(local_query_heads(runner.vllm_config))
     logger.info("%s: KVFlash (Model Runner V2) on %d layers, pool %d tokens, policy %s", tag(),
                 len(group.layer_names), runtime.config.pool_tokens, policy_label(runtime))
+    if luce.kvflash.audit:
+        logger.warning("%s: luce.kvflash.audit checks Model Runner V1's block tables only; it is off on V2", tag())
     return runtime

@@ -1,0 +1,57 @@
+"""DFlash beside KVFlash's paging leaves the requests that never page with vLLM alone's greedy answers (issue 67).
+
+With DFlash gated and a KVFlash pool of 1,024 tokens, requests of the churn test that never page parted from vLLM
+alone at clear top-1s on the GPU, with and without asynchronous scheduling and CUDA graphs, more often with the gate
+off, and not with a pool that pages nothing (docs/operations.md). The variants here say which part takes them:
+KVFlash alone, the host tier instead of lent KV blocks, the gate off; every engine with vllm-luce runs KVFlash's
+block-ownership audit (``luce.kvflash.audit``)."""
+
+import dataclasses
+
+from tests.e2e.test_dflash_gate import SWITCHING
+from tests.gpu.conftest import RUNNERS, keep_report, llm_args, parts, run_engine, side_by_side
+from tests.gpu.test_dflash import IN_PROCESS, WIDE_NATS, churn_prompts, tp1_only
+
+POOL = 1024
+
+
+def kvflash(dflash: dict | None = None, **settings) -> dict:
+    """vllm-luce's settings: KVFlash's pool and audit with ``settings``, and DFlash's where given."""
+    luce = {"kvflash": {"pool_tokens": POOL, "audit": True, **settings}}
+    return {"luce": luce if dflash is None else {**luce, "dflash": dflash}}
+
+
+@tp1_only
+def test_requests_that_never_page_keep_vllm_alones_answers_beside_paging_and_drafts(trained_hybrid, tmp_path):
+    prompts, lengths = churn_prompts()
+    shared = {"max_model_len": 8192, "dtype": "bfloat16", "max_num_batched_tokens": 512, "enable_prefix_caching": False}
+    base = {"model": str(trained_hybrid), "logprobs": 2, "prompts": prompts, "max_tokens": lengths, "aborts": []}
+    gated = {**base, "gate": dataclasses.asdict(SWITCHING), "rpc": ["kvflash"]}
+    dflash = {"model": "dflash"}
+    variants = {
+        "both": {**gated, "llm": llm_args(additional_config=kvflash(), **shared, speculative_config=dflash)},
+        "both-host-tier": {**gated, "llm": llm_args(additional_config=kvflash(gpu_cold=False), **shared,
+                                                    speculative_config=dflash)},
+        "both-gate-off": {**gated, "gate": None, "llm": llm_args(
+            additional_config=kvflash(dflash={"gate": False}), **shared, speculative_config=dflash)},
+        "kvflash-only": {**base, "rpc": ["kvflash"], "llm": llm_args(additional_config=kvflash(), **shared)},
+    }
+    calls = [(run_engine, ({**base, "llm": llm_args(**shared)}, tmp_path),
+              {"name": "vllm-alone", "plugins": False, **RUNNERS["v1"]})]
+    calls += [(run_engine, (spec, tmp_path), {"name": name, **IN_PROCESS, **RUNNERS["v1"]})
+              for name, spec in variants.items()]
+    alone, *outs = side_by_side(*calls)
+    short = [i for i, p in enumerate(prompts) if len(p) + lengths[i] <= POOL]  # never paged
+    report = {"short": short}
+    for name, out in zip(variants, outs):
+        found = [p for p in parts(out, alone) if p["request"] in short]
+        report[name] = {"parts": found, "wide": [p for p in found if p["gaps"][1] > WIDE_NATS],
+                        "kvflash": out["kvflash"], "drafts": out["counters"].get("vllm:spec_decode_num_drafts", 0)}
+    keep_report("kvflash_dflash_bystanders_tp1", report)
+    for name in variants:
+        assert sum(r["page_outs"] for r in report[name]["kvflash"]) > 0, report[name]["kvflash"]
+        assert all(r.get("audit_steps", 0) > 0 for r in report[name]["kvflash"]), report[name]["kvflash"]
+    audit = {name: [(r["audit_shared_blocks"], r["audit_stray_slots"]) for r in report[name]["kvflash"]]
+             for name in variants}
+    assert all(counts == (0, 0) for found in audit.values() for counts in found), audit
+    assert not any(report[name]["wide"] for name in variants), {name: report[name]["wide"] for name in variants}
