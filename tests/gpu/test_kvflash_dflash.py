@@ -3,8 +3,8 @@
 With DFlash gated and a KVFlash pool of 1,024 tokens, requests of the churn test that never page parted from vLLM
 alone at clear top-1s on the GPU, with and without asynchronous scheduling and CUDA graphs, more often with the gate
 off, and not with a pool that pages nothing (docs/operations.md). The variants here say which part takes them:
-KVFlash alone, the host tier instead of lent KV blocks, the gate off; every engine with vllm-luce runs KVFlash's
-block-ownership audit (``luce.kvflash.audit``)."""
+KVFlash alone, the host tier instead of lent KV blocks, the gate off, Model Runner V2; every V1 engine with vllm-luce
+runs KVFlash's block-ownership audit (``luce.kvflash.audit``)."""
 
 import dataclasses
 
@@ -28,18 +28,20 @@ def test_requests_that_never_page_keep_vllm_alones_answers_beside_paging_and_dra
     base = {"model": str(trained_hybrid), "logprobs": 2, "prompts": prompts, "max_tokens": lengths, "aborts": []}
     gated = {**base, "gate": dataclasses.asdict(SWITCHING), "rpc": ["kvflash"]}
     dflash = {"model": "dflash"}
-    variants = {
-        "both": {**gated, "llm": llm_args(additional_config=kvflash(), **shared, speculative_config=dflash)},
-        "both-host-tier": {**gated, "llm": llm_args(additional_config=kvflash(gpu_cold=False), **shared,
-                                                    speculative_config=dflash)},
-        "both-gate-off": {**gated, "gate": None, "llm": llm_args(
-            additional_config=kvflash(dflash={"gate": False}), **shared, speculative_config=dflash)},
-        "kvflash-only": {**base, "rpc": ["kvflash"], "llm": llm_args(additional_config=kvflash(), **shared)},
+    both = {**gated, "llm": llm_args(additional_config=kvflash(), **shared, speculative_config=dflash)}
+    variants = {  # name: (model runner, engine spec); the audit reads V1's block tables only
+        "both": ("v1", both),
+        "both-host-tier": ("v1", {**gated, "llm": llm_args(additional_config=kvflash(gpu_cold=False), **shared,
+                                                           speculative_config=dflash)}),
+        "both-gate-off": ("v1", {**gated, "gate": None, "llm": llm_args(
+            additional_config=kvflash(dflash={"gate": False}), **shared, speculative_config=dflash)}),
+        "kvflash-only": ("v1", {**base, "rpc": ["kvflash"], "llm": llm_args(additional_config=kvflash(), **shared)}),
+        "both-v2": ("v2", both),
     }
     calls = [(run_engine, ({**base, "llm": llm_args(**shared)}, tmp_path),
               {"name": "vllm-alone", "plugins": False, **RUNNERS["v1"]})]
-    calls += [(run_engine, (spec, tmp_path), {"name": name, **IN_PROCESS, **RUNNERS["v1"]})
-              for name, spec in variants.items()]
+    calls += [(run_engine, (spec, tmp_path), {"name": name, **IN_PROCESS, **RUNNERS[runner]})
+              for name, (runner, spec) in variants.items()]
     alone, *outs = side_by_side(*calls)
     short = [i for i, p in enumerate(prompts) if len(p) + lengths[i] <= POOL]  # never paged
     report = {"short": short}
@@ -50,8 +52,10 @@ def test_requests_that_never_page_keep_vllm_alones_answers_beside_paging_and_dra
     keep_report("kvflash_dflash_bystanders_tp1", report)
     for name in variants:
         assert sum(r["page_outs"] for r in report[name]["kvflash"]) > 0, report[name]["kvflash"]
+    audited = [name for name, (runner, _) in variants.items() if runner == "v1"]
+    for name in audited:
         assert all(r.get("audit_steps", 0) > 0 for r in report[name]["kvflash"]), report[name]["kvflash"]
     audit = {name: [(r["audit_shared_blocks"], r["audit_stray_slots"]) for r in report[name]["kvflash"]]
-             for name in variants}
+             for name in audited}
     assert all(counts == (0, 0) for found in audit.values() for counts in found), audit
     assert not any(report[name]["wide"] for name in variants), {name: report[name]["wide"] for name in variants}
