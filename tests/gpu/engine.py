@@ -28,8 +28,9 @@ def _facts(llm) -> dict:
 
 
 def _counters(llm) -> dict:
-    """Spec-decode and vllm:luce_* counters and gauges, by name and labels (engine and model labels dropped)."""
-    return llm_counters(llm, ("vllm:spec_decode_num", "vllm:luce_"))
+    """Spec-decode, preemption and vllm:luce_* counters and gauges, by name and labels (engine and model labels
+    dropped)."""
+    return llm_counters(llm, ("vllm:spec_decode_num", "vllm:num_preemptions", "vllm:luce_"))
 
 
 def run(spec: dict) -> dict:

@@ -48,7 +48,8 @@ def test_requests_that_never_page_keep_vllm_alones_answers_beside_paging_and_dra
     for name, out in zip(variants, outs):
         found = [p for p in parts(out, alone) if p["request"] in short]
         report[name] = {"parts": found, "wide": [p for p in found if p["gaps"][1] > WIDE_NATS],
-                        "kvflash": out["kvflash"], "drafts": out["counters"].get("vllm:spec_decode_num_drafts", 0)}
+                        "kvflash": out["kvflash"], "drafts": out["counters"].get("vllm:spec_decode_num_drafts", 0),
+                        "preemptions": out["counters"].get("vllm:num_preemptions", 0)}
     keep_report("kvflash_dflash_bystanders_tp1", report)
     for name in variants:
         assert sum(r["page_outs"] for r in report[name]["kvflash"]) > 0, report[name]["kvflash"]
