@@ -21,6 +21,13 @@ def test_a_block_in_two_rows_or_two_groups_is_found():
     assert shared_blocks([table([[1, 2], [3]]), table([[4], [1]])], num_reqs=2) == [(1, 0, 0, 1, 1)]
 
 
+def test_kernel_blocks_of_one_block_are_one_block():
+    """vLLM 0.26 splits a block into kernel blocks in some groups: entries 6, 7, 8 are block 2 at 3 a block."""
+    split = (*table([[6, 7, 8], [9, 10, 11]]), 3)
+    assert shared_blocks([split, table([[1], [4]])], num_reqs=2) == []
+    assert shared_blocks([split, table([[2], [4]])], num_reqs=2) == [(2, 0, 0, 1, 0)]
+
+
 def test_stale_entries_past_a_rows_count_are_not_its_blocks():
     t, counts = table([[1, 2], [3]])
     qsl = np.array([0, 2, 3])
@@ -34,5 +41,5 @@ def test_audit_counts_over_steps():
     audit = Audit()
     t, counts = table([[1, 2], [3, 2]])
     audit.check([(t, counts)], 2, np.array([16, 33]), np.array([0, 1, 2]), 0, 16, ["a", "b"])
-    audit.check([(t, counts)], 1, np.array([16]), np.array([0, 1]), 0, 16, ["a"])
+    audit.check([(t, counts, 1)], 1, np.array([16]), np.array([0, 1]), 0, 16, ["a"])  # as the worker passes them
     assert audit.stats() == {"audit_steps": 2, "audit_shared_blocks": 1, "audit_stray_slots": 0}

@@ -1,4 +1,4 @@
-"""Block ownership audit, a diagnostic for the GPU tier (``LUCE_KVFLASH_AUDIT=1``, Model Runner V1): each step,
+"""Block ownership audit, a diagnostic for the GPU tier (``luce.kvflash.audit``, Model Runner V1): each step,
 before the forward, no KV cache block is held by two rows of the step's requests in any KV cache group, and every
 slot the pooled group's slot mapping writes lies in its own request's blocks. Either failing means a request's KV
 (or recurrent state) can be written by another's step. Plain numpy over the block table's host rows."""
@@ -10,14 +10,16 @@ import numpy as np
 NULL_BLOCK = 0  # vLLM's null block: padding and skipped entries, in many rows at once
 
 
-def shared_blocks(groups: list[tuple[np.ndarray, np.ndarray]], num_reqs: int) -> list[tuple[int, ...]]:
+def shared_blocks(groups: list[tuple], num_reqs: int) -> list[tuple[int, ...]]:
     """Blocks held by two (group, row) places at once: ``(block, group, row, other group, other row)``.
-    ``groups``: each KV cache group's block table rows and its rows' block counts."""
+    ``groups``: each KV cache group's block table rows, its rows' entry counts and, where vLLM splits a block into
+    kernel blocks (0.26's ``blocks_per_kv_block``), how many entries one block takes (else 1)."""
     owner: dict[int, tuple[int, int]] = {}
     found = []
-    for gid, (table, counts) in enumerate(groups):
+    for gid, (table, counts, *split) in enumerate(groups):
+        per_block = split[0] if split else 1
         for row in range(num_reqs):
-            for block in table[row, : int(counts[row])].tolist():
+            for block in dict.fromkeys((table[row, : int(counts[row])] // per_block).tolist()):
                 if block == NULL_BLOCK:
                     continue
                 first = owner.setdefault(block, (gid, row))
@@ -50,7 +52,7 @@ class Audit:
 
         self.steps += 1
         shared = shared_blocks(groups, num_reqs)
-        table, counts = groups[pooled]
+        table, counts = groups[pooled][:2]
         stray = stray_slots(slots, query_start_loc, table, counts, block_size)
         self.shared += len(shared)
         self.stray += len(stray)

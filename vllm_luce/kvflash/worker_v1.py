@@ -78,7 +78,8 @@ def _bind_slot_mapping(runner, gid: int, runtime: KVFlashRuntime) -> None:
         block_table.slot_mapping.np[:n] = slots
         block_table.slot_mapping.copy_to_gpu(n)
         if runtime.audit is not None:
-            groups = [(t.block_table.np, t.num_blocks_per_row) for t in batch.block_table.block_tables]
+            groups = [(t.block_table.np, t.num_blocks_per_row, getattr(t, "blocks_per_kv_block", 1))
+                      for t in batch.block_table.block_tables]
             runtime.audit.check(groups, num_reqs, slots, qsl, gid, block_table.block_size, batch.req_ids)
 
     hooks.bind("vllm.v1.worker.block_table:BlockTable.compute_slot_mapping", block_table, compute_slot_mapping)
