@@ -3,10 +3,11 @@
 `test_kvflash_dflash.py` found requests that never page parting from vLLM alone at clear top-1s on V1 only (V2,
 KVFlash alone and a pool that pages nothing agree), with the block-ownership audit clean. Each engine here runs the
 gated DFlash + KVFlash engine of that test with `tests/gpu/v1_probe.py`: the scheduler's steps, the recurrent-state
-realigner's moves and a check of every DFlash drafter slot against its request's blocks; variants switch off the
+realigner's moves, a check of every DFlash drafter slot against its request's blocks, and a checksum of the pooled
+K and V of every computed token of each request that never paged, compared each step; variants switch off the
 realigner, the plain-step patch, or the pagers' views of the live block table. The report holds each wide part's
 step-by-step timeline beside the same request's in the engine that pages nothing. Fails on a drafter slot outside its
-request's blocks in any engine, or a wide part where every piece is on."""
+request's blocks or a changed K/V of a computed token in any engine, or a wide part where every piece is on."""
 
 import dataclasses
 
@@ -65,6 +66,7 @@ def test_v1_pieces_beside_paging_and_drafts(trained_hybrid, tmp_path):
         probe = out["v1_probe"]
         report[name] = {"wide": [p for p in found if p["gaps"][1] > WIDE_NATS], "parts": found,
                         "stray_drafter_slots": probe["stray"], "checked_passes": probe["checks"],
+                        "kv_changed": probe["kv_changed"], "kv_tracked": probe["kv_tracked"],
                         "groups": probe["groups"], "kvflash": out["kvflash"], "probe": probe}
     reference = report["both-no-paging"]["probe"]
     for name in VARIANTS:
@@ -76,4 +78,7 @@ def test_v1_pieces_beside_paging_and_drafts(trained_hybrid, tmp_path):
     assert all(report[name]["checked_passes"] > 0 for name in VARIANTS), report
     assert not any(report[name]["stray_drafter_slots"] for name in VARIANTS), \
         {name: report[name]["stray_drafter_slots"][:8] for name in VARIANTS}
+    assert all(report[name]["kv_tracked"] > 0 for name in VARIANTS), report
+    assert not any(report[name]["kv_changed"] for name in VARIANTS), \
+        {name: report[name]["kv_changed"][:8] for name in VARIANTS}
     assert not report["both"]["wide"], report["both"]["wide"]

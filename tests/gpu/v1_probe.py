@@ -1,9 +1,10 @@
 """Instruments an in-process Model Runner V1 engine for `tests/gpu/test_kvflash_dflash_v1.py` (issue 67; goes with
 the fix): each scheduler step's schedule and kept tokens, the recurrent-state realigner's moves, every DFlash drafter
-slot that falls outside its request's blocks of the drafter's KV cache group, and vllm-luce's V1 pieces switched
-off one at a time (``off``: "realigner", "plain" (the plain-step patch), "widths" (verify widths), "rowview" (the
-KVFlash pagers get copies of the block table's rows, as on Model Runner V2)). Test-only: it rebinds vLLM and
-vllm-luce methods in the engine's process."""
+slot that falls outside its request's blocks of the drafter's KV cache group, every change to the pooled K and V of
+a computed token of a request that never paged, and vllm-luce's V1 pieces switched off one at a time (``off``:
+"realigner", "plain" (the plain-step patch), "widths" (verify widths), "rowview" (the KVFlash pagers get copies of
+the block table's rows, as on Model Runner V2)). Test-only: it rebinds vLLM and vllm-luce methods in the engine's
+process."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import numpy as np
 STEPS: list[dict] = []  # per scheduler step: scheduled tokens, drafts, kept tokens ("out") by request
 MOVES: list[list] = []  # [step, requests the realigner moved]
 STRAY: list[list] = []  # [step, "ctx" or "query", batch row, slot, the row's blocks]
+KV_CHANGED: list[list] = []  # [step, request, tokens checked]: pooled K/V of a never-paged request's computed tokens
+_KV_SEEN: dict[str, tuple[int, float, float]] = {}
 CHECKS = [0]  # drafter first passes checked
 _RUNNER: list = []
 _STEP_OF: dict[int, int] = {}
@@ -32,10 +35,7 @@ def install(llm, settings: dict) -> None:
         DFlashProposer.propose = DFlashProposer.propose.__wrapped__
     if "widths" in off:
         GPUModelRunner.take_draft_token_ids = GPUModelRunner.take_draft_token_ids.__wrapped__
-    if "rowview" in off:
-        plan = KVFlashRuntime.plan
-        KVFlashRuntime.plan = lambda self, ids, qsl, starts, rows, blocks, prompt: plan(
-            self, ids, qsl, starts, rows.copy(), blocks.copy(), prompt)
+    _check_kept_kv(KVFlashRuntime, copy_rows="rowview" in off)
     if "realigner" in off:
         Realigner.of = classmethod(lambda cls, runner: None)
     before, move = Realigner.before_forward, Realigner._move
@@ -76,6 +76,39 @@ def bind_runner(worker) -> None:
     _RUNNER.append(worker.model_runner)
 
 
+def _check_kept_kv(runtime_class, copy_rows: bool) -> None:
+    """Each step, before the pagers plan it: the pooled layers' K and V of every computed token of a request that
+    never paged are what they were at its previous step (a checksum; a sync per request, test-only). ``copy_rows``:
+    the pagers get copies of the block table's rows instead of views."""
+    plan = runtime_class.plan
+
+    def checksum(store, row, tokens: int) -> tuple[float, float]:
+        import torch
+
+        slots = row[np.arange(tokens) // store.block_size].astype(np.int64) * store.block_size \
+            + np.arange(tokens) % store.block_size
+        data = store._read_slots(torch.from_numpy(slots).to(store.device)).double()
+        return float(data.sum()), float((data * data).sum())
+
+    def checked_plan(self, req_ids, query_start_loc, starts, rows, num_blocks, num_prompt_tokens):
+        if copy_rows:
+            rows, num_blocks = rows.copy(), num_blocks.copy()
+        for r, req_id in enumerate(req_ids):
+            pager, seen = self.pagers.get(req_id), _KV_SEEN.get(req_id)
+            if pager is not None and seen is not None and not pager.stats.page_outs:
+                row = rows[r, : int(num_blocks[r])].copy()
+                if checksum(pager.store, row, seen[0]) != seen[1:]:
+                    KV_CHANGED.append([len(STEPS) - 1, req_id, seen[0]])
+        slots = plan(self, req_ids, query_start_loc, starts, rows, num_blocks, num_prompt_tokens)
+        for r, req_id in enumerate(req_ids):
+            pager, tokens = self.pagers[req_id], int(starts[r])
+            if tokens and not pager.stats.page_outs:
+                _KV_SEEN[req_id] = (tokens, *checksum(pager.store, rows[r, : int(num_blocks[r])].copy(), tokens))
+        return slots
+
+    runtime_class.plan = checked_plan
+
+
 def _check_drafter_slots(proposer_class) -> None:
     """After vLLM's DFlash first pass computes the context and query slots from the drafter group's block table,
     every slot lies in its request's blocks of that group (a sync; test-only)."""
@@ -113,4 +146,5 @@ def groups(worker) -> dict:
 
 
 def report(llm) -> dict:
-    return {"steps": STEPS, "moves": MOVES, "stray": STRAY, "checks": CHECKS[0], "groups": llm.collective_rpc(groups)}
+    return {"steps": STEPS, "moves": MOVES, "stray": STRAY, "checks": CHECKS[0], "kv_changed": KV_CHANGED,
+            "kv_tracked": len(_KV_SEEN), "groups": llm.collective_rpc(groups)}
