@@ -7,7 +7,8 @@ realigner's moves, a check of every DFlash drafter slot against its request's bl
 K and V of every computed token of each request that never paged, compared each step; variants switch off the
 realigner, the plain-step patch, or the pagers' views of the live block table. The report holds each wide part's
 step-by-step timeline beside the same request's in the engine that pages nothing. Fails on a drafter slot outside its
-request's blocks or a changed K/V of a computed token in any engine, or a wide part where every piece is on."""
+request's blocks, a changed K/V of a computed token, or a never-paged request's step written elsewhere than at its
+positions or read at another length, in any engine, or a wide part where every piece is on."""
 
 import dataclasses
 
@@ -67,6 +68,7 @@ def test_v1_pieces_beside_paging_and_drafts(trained_hybrid, tmp_path):
         report[name] = {"wide": [p for p in found if p["gaps"][1] > WIDE_NATS], "parts": found,
                         "stray_drafter_slots": probe["stray"], "checked_passes": probe["checks"],
                         "kv_changed": probe["kv_changed"], "kv_tracked": probe["kv_tracked"],
+                        "misplaced": probe["misplaced"],
                         "groups": probe["groups"], "kvflash": out["kvflash"], "probe": probe}
     reference = report["both-no-paging"]["probe"]
     for name in VARIANTS:
@@ -79,6 +81,6 @@ def test_v1_pieces_beside_paging_and_drafts(trained_hybrid, tmp_path):
     assert not any(report[name]["stray_drafter_slots"] for name in VARIANTS), \
         {name: report[name]["stray_drafter_slots"][:8] for name in VARIANTS}
     assert all(report[name]["kv_tracked"] > 0 for name in VARIANTS), report
-    assert not any(report[name]["kv_changed"] for name in VARIANTS), \
-        {name: report[name]["kv_changed"][:8] for name in VARIANTS}
+    assert not any(report[name]["kv_changed"] or report[name]["misplaced"] for name in VARIANTS), \
+        {name: (report[name]["kv_changed"][:8], report[name]["misplaced"][:8]) for name in VARIANTS}
     assert not report["both"]["wide"], report["both"]["wide"]

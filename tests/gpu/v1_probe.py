@@ -14,6 +14,8 @@ STEPS: list[dict] = []  # per scheduler step: scheduled tokens, drafts, kept tok
 MOVES: list[list] = []  # [step, requests the realigner moved]
 STRAY: list[list] = []  # [step, "ctx" or "query", batch row, slot, the row's blocks]
 KV_CHANGED: list[list] = []  # [step, request, tokens checked]: pooled K/V of a never-paged request's computed tokens
+MISPLACED: list[list] = []  # [step, request, first position, tokens, resident length]: a never-paged request's step
+# written elsewhere than at its positions, or attention told another length
 _KV_SEEN: dict[str, tuple[int, float, float]] = {}
 CHECKS = [0]  # drafter first passes checked
 _RUNNER: list = []
@@ -78,15 +80,18 @@ def bind_runner(worker) -> None:
 
 def _check_kept_kv(runtime_class, copy_rows: bool) -> None:
     """Each step, before the pagers plan it: the pooled layers' K and V of every computed token of a request that
-    never paged are what they were at its previous step (a checksum; a sync per request, test-only). ``copy_rows``:
-    the pagers get copies of the block table's rows instead of views."""
+    never paged are what they were at its previous step (a checksum; a sync per request, test-only); after: such a
+    request's tokens go to the slots of their positions and attention reads all of them. ``copy_rows``: the pagers
+    get copies of the block table's rows instead of views."""
     plan = runtime_class.plan
+
+    def at_positions(store, row, positions: np.ndarray) -> np.ndarray:
+        return row[positions // store.block_size].astype(np.int64) * store.block_size + positions % store.block_size
 
     def checksum(store, row, tokens: int) -> tuple[float, float]:
         import torch
 
-        slots = row[np.arange(tokens) // store.block_size].astype(np.int64) * store.block_size \
-            + np.arange(tokens) % store.block_size
+        slots = at_positions(store, row, np.arange(tokens))
         data = store._read_slots(torch.from_numpy(slots).to(store.device)).double()
         return float(data.sum()), float((data * data).sum())
 
@@ -102,6 +107,11 @@ def _check_kept_kv(runtime_class, copy_rows: bool) -> None:
         slots = plan(self, req_ids, query_start_loc, starts, rows, num_blocks, num_prompt_tokens)
         for r, req_id in enumerate(req_ids):
             pager, tokens = self.pagers[req_id], int(starts[r])
+            lo, hi = int(query_start_loc[r]), int(query_start_loc[r + 1])
+            if not pager.stats.page_outs and hi > lo:
+                expected = at_positions(pager.store, rows[r, : int(num_blocks[r])], np.arange(tokens, tokens + hi - lo))
+                if not np.array_equal(slots[lo:hi], expected) or int(self.resident_lens[r]) != tokens + hi - lo:
+                    MISPLACED.append([len(STEPS) - 1, req_id, tokens, hi - lo, int(self.resident_lens[r])])
             if tokens and not pager.stats.page_outs:
                 _KV_SEEN[req_id] = (tokens, *checksum(pager.store, rows[r, : int(num_blocks[r])].copy(), tokens))
         return slots
@@ -147,4 +157,4 @@ def groups(worker) -> dict:
 
 def report(llm) -> dict:
     return {"steps": STEPS, "moves": MOVES, "stray": STRAY, "checks": CHECKS[0], "kv_changed": KV_CHANGED,
-            "kv_tracked": len(_KV_SEEN), "groups": llm.collective_rpc(groups)}
+            "misplaced": MISPLACED, "kv_tracked": len(_KV_SEEN), "groups": llm.collective_rpc(groups)}
