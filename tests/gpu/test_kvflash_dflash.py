@@ -15,6 +15,17 @@ from tests.gpu.test_dflash import IN_PROCESS, WIDE_NATS, churn_prompts, tp1_only
 POOL = 1024
 
 
+SHARED = {"max_model_len": 8192, "dtype": "bfloat16", "max_num_batched_tokens": 512, "enable_prefix_caching": False}
+
+
+def churn_specs(model) -> tuple[dict, dict]:
+    """The churn test's 40 requests as engine specs without their ``llm`` arguments: vLLM alone's, and the gated
+    DFlash engine's (the switching gate, KVFlash's totals)."""
+    prompts, lengths = churn_prompts()
+    base = {"model": str(model), "logprobs": 2, "prompts": prompts, "max_tokens": lengths, "aborts": []}
+    return base, {**base, "gate": dataclasses.asdict(SWITCHING), "rpc": ["kvflash"]}
+
+
 def kvflash(dflash: dict | None = None, **settings) -> dict:
     """vllm-luce's settings: KVFlash's pool and audit with ``settings``, and DFlash's where given."""
     luce = {"kvflash": {"pool_tokens": POOL, "audit": True, **settings}}
@@ -23,25 +34,23 @@ def kvflash(dflash: dict | None = None, **settings) -> dict:
 
 @tp1_only
 def test_requests_that_never_page_keep_vllm_alones_answers_beside_paging_and_drafts(trained_hybrid, tmp_path):
-    prompts, lengths = churn_prompts()
-    shared = {"max_model_len": 8192, "dtype": "bfloat16", "max_num_batched_tokens": 512, "enable_prefix_caching": False}
-    base = {"model": str(trained_hybrid), "logprobs": 2, "prompts": prompts, "max_tokens": lengths, "aborts": []}
-    gated = {**base, "gate": dataclasses.asdict(SWITCHING), "rpc": ["kvflash"]}
+    base, gated = churn_specs(trained_hybrid)
+    prompts, lengths = base["prompts"], base["max_tokens"]
     dflash = {"model": "dflash"}
-    both = {**gated, "llm": llm_args(additional_config=kvflash(), **shared, speculative_config=dflash)}
+    both = {**gated, "llm": llm_args(additional_config=kvflash(), **SHARED, speculative_config=dflash)}
     variants = {  # name: (model runner, engine spec); the audit reads V1's block tables only
         "both": ("v1", both),
-        "both-host-tier": ("v1", {**gated, "llm": llm_args(additional_config=kvflash(gpu_cold=False), **shared,
+        "both-host-tier": ("v1", {**gated, "llm": llm_args(additional_config=kvflash(gpu_cold=False), **SHARED,
                                                            speculative_config=dflash)}),
         "both-gate-off": ("v1", {**gated, "gate": None, "llm": llm_args(
-            additional_config=kvflash(dflash={"gate": False}), **shared, speculative_config=dflash)}),
-        "kvflash-only": ("v1", {**base, "rpc": ["kvflash"], "llm": llm_args(additional_config=kvflash(), **shared)}),
+            additional_config=kvflash(dflash={"gate": False}), **SHARED, speculative_config=dflash)}),
+        "kvflash-only": ("v1", {**base, "rpc": ["kvflash"], "llm": llm_args(additional_config=kvflash(), **SHARED)}),
         "both-v2": ("v2", both),
         # the control: a pool no request outgrows pages nothing (no part on the H100), the audit and counts the same
-        "both-no-paging": ("v1", {**gated, "llm": llm_args(additional_config=kvflash(pool_tokens=8192), **shared,
+        "both-no-paging": ("v1", {**gated, "llm": llm_args(additional_config=kvflash(pool_tokens=8192), **SHARED,
                                                            speculative_config=dflash)}),
     }
-    calls = [(run_engine, ({**base, "llm": llm_args(**shared)}, tmp_path),
+    calls = [(run_engine, ({**base, "llm": llm_args(**SHARED)}, tmp_path),
               {"name": "vllm-alone", "plugins": False, **RUNNERS["v1"]})]
     calls += [(run_engine, (spec, tmp_path), {"name": name, **IN_PROCESS, **RUNNERS[runner]})
               for name, (runner, spec) in variants.items()]

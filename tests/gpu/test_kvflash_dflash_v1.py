@@ -10,12 +10,9 @@ step-by-step timeline beside the same request's in the engine that pages nothing
 request's blocks, a changed K/V of a computed token, or a never-paged request's step written elsewhere than at its
 positions or read at another length, in any engine, or a wide part where every piece is on."""
 
-import dataclasses
-
-from tests.e2e.test_dflash_gate import SWITCHING
 from tests.gpu.conftest import RUNNERS, keep_report, llm_args, parts, run_engine, side_by_side
-from tests.gpu.test_dflash import IN_PROCESS, WIDE_NATS, churn_prompts, tp1_only
-from tests.gpu.test_kvflash_dflash import kvflash
+from tests.gpu.test_dflash import IN_PROCESS, WIDE_NATS, tp1_only
+from tests.gpu.test_kvflash_dflash import SHARED, churn_specs, kvflash
 
 VARIANTS = {"both": (1024, []), "both-no-paging": (8192, []), "both-realigner-off": (1024, ["realigner"]),
             "both-plain-off": (1024, ["plain"]), "both-row-copy": (1024, ["rowview"])}
@@ -50,15 +47,12 @@ def timeline(probe: dict, request: int, until: int) -> list[dict]:
 
 @tp1_only
 def test_v1_pieces_beside_paging_and_drafts(trained_hybrid, tmp_path):
-    prompts, lengths = churn_prompts()
-    shared = {"max_model_len": 8192, "dtype": "bfloat16", "max_num_batched_tokens": 512, "enable_prefix_caching": False}
-    base = {"model": str(trained_hybrid), "logprobs": 2, "prompts": prompts, "max_tokens": lengths, "aborts": []}
-    gated = {**base, "gate": dataclasses.asdict(SWITCHING), "rpc": ["kvflash"]}
-    calls = [(run_engine, ({**base, "llm": llm_args(**shared)}, tmp_path),
+    base, gated = churn_specs(trained_hybrid)
+    calls = [(run_engine, ({**base, "llm": llm_args(**SHARED)}, tmp_path),
               {"name": "vllm-alone", "plugins": False, **RUNNERS["v1"]})]
     for name, (pool, off) in VARIANTS.items():
         spec = {**gated, "v1_probe": {"off": off}, "llm": llm_args(
-            additional_config=kvflash(pool_tokens=pool), **shared, speculative_config={"model": "dflash"})}
+            additional_config=kvflash(pool_tokens=pool), **SHARED, speculative_config={"model": "dflash"})}
         calls.append((run_engine, (spec, tmp_path), {"name": name, **IN_PROCESS, **RUNNERS["v1"]}))
     alone, *outs = side_by_side(*calls)
     report = {}
