@@ -10,14 +10,13 @@ import numpy as np
 NULL_BLOCK = 0  # vLLM's null block: padding and skipped entries, in many rows at once
 
 
-def shared_blocks(groups: list[tuple], num_reqs: int) -> list[tuple[int, ...]]:
+def shared_blocks(groups: list[tuple[np.ndarray, np.ndarray, int]], num_reqs: int) -> list[tuple[int, ...]]:
     """Blocks held by two (group, row) places at once: ``(block, group, row, other group, other row)``.
     ``groups``: each KV cache group's block table rows, its rows' entry counts and, where vLLM splits a block into
-    kernel blocks (0.26's ``blocks_per_kv_block``), how many entries one block takes (else 1)."""
+    kernel blocks (0.26's ``blocks_per_kv_block``), how many entries one block takes (1 where it does not)."""
     owner: dict[int, tuple[int, int]] = {}
     found = []
-    for gid, (table, counts, *split) in enumerate(groups):
-        per_block = split[0] if split else 1
+    for gid, (table, counts, per_block) in enumerate(groups):
         for row in range(num_reqs):
             for block in dict.fromkeys((table[row, : int(counts[row])] // per_block).tolist()):
                 if block == NULL_BLOCK:
@@ -52,7 +51,7 @@ class Audit:
 
         self.steps += 1
         shared = shared_blocks(groups, num_reqs)
-        table, counts = groups[pooled][:2]
+        table, counts, _ = groups[pooled]
         stray = stray_slots(slots, query_start_loc, table, counts, block_size)
         self.shared += len(shared)
         self.stray += len(stray)
