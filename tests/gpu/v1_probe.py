@@ -79,41 +79,36 @@ def bind_runner(worker) -> None:
 
 
 def _check_kept_kv(runtime_class, copy_rows: bool) -> None:
-    """Each step, before the pagers plan it: the pooled layers' K and V of every computed token of a request that
-    never paged are what they were at its previous step (a checksum; a sync per request, test-only); after: such a
-    request's tokens go to the slots of their positions and attention reads all of them. ``copy_rows``: the pagers
-    get copies of the block table's rows instead of views."""
+    """Each step, once the pagers planned it, for every request that never paged: the pooled layers' K and V of the
+    tokens computed by its previous step are what they were then (a checksum; a sync per request, test-only), and
+    this step's tokens go to the slots of their positions with attention reading all of them. A never-paged pool
+    holds position p at offset p, so ``store.slots`` of positions are their slots. ``copy_rows``: the pagers get
+    copies of the block table's rows instead of views."""
+    import torch
+
     plan = runtime_class.plan
 
-    def at_positions(store, row, positions: np.ndarray) -> np.ndarray:
-        return row[positions // store.block_size].astype(np.int64) * store.block_size + positions % store.block_size
-
-    def checksum(store, row, tokens: int) -> tuple[float, float]:
-        import torch
-
-        slots = at_positions(store, row, np.arange(tokens))
-        data = store._read_slots(torch.from_numpy(slots).to(store.device)).double()
+    def checksum(store, tokens: int) -> tuple[float, float]:
+        data = store._read_slots(torch.from_numpy(store.slots(np.arange(tokens))).to(store.device)).double()
         return float(data.sum()), float((data * data).sum())
 
     def checked_plan(self, req_ids, query_start_loc, starts, rows, num_blocks, num_prompt_tokens):
         if copy_rows:
             rows, num_blocks = rows.copy(), num_blocks.copy()
-        for r, req_id in enumerate(req_ids):
-            pager, seen = self.pagers.get(req_id), _KV_SEEN.get(req_id)
-            if pager is not None and seen is not None and not pager.stats.page_outs:
-                row = rows[r, : int(num_blocks[r])].copy()
-                if checksum(pager.store, row, seen[0]) != seen[1:]:
-                    KV_CHANGED.append([len(STEPS) - 1, req_id, seen[0]])
         slots = plan(self, req_ids, query_start_loc, starts, rows, num_blocks, num_prompt_tokens)
         for r, req_id in enumerate(req_ids):
             pager, tokens = self.pagers[req_id], int(starts[r])
+            if pager.stats.page_outs:
+                continue
+            seen = _KV_SEEN.get(req_id)
+            if seen is not None and checksum(pager.store, seen[0]) != seen[1:]:
+                KV_CHANGED.append([len(STEPS) - 1, req_id, seen[0]])
             lo, hi = int(query_start_loc[r]), int(query_start_loc[r + 1])
-            if not pager.stats.page_outs and hi > lo:
-                expected = at_positions(pager.store, rows[r, : int(num_blocks[r])], np.arange(tokens, tokens + hi - lo))
-                if not np.array_equal(slots[lo:hi], expected) or int(self.resident_lens[r]) != tokens + hi - lo:
-                    MISPLACED.append([len(STEPS) - 1, req_id, tokens, hi - lo, int(self.resident_lens[r])])
-            if tokens and not pager.stats.page_outs:
-                _KV_SEEN[req_id] = (tokens, *checksum(pager.store, rows[r, : int(num_blocks[r])].copy(), tokens))
+            placed = np.array_equal(slots[lo:hi], pager.store.slots(np.arange(tokens, tokens + hi - lo)))
+            if not placed or int(self.resident_lens[r]) != tokens + hi - lo:
+                MISPLACED.append([len(STEPS) - 1, req_id, tokens, hi - lo, int(self.resident_lens[r])])
+            if tokens:
+                _KV_SEEN[req_id] = (tokens, *checksum(pager.store, tokens))
         return slots
 
     runtime_class.plan = checked_plan
