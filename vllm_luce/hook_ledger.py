@@ -208,6 +208,24 @@ LEDGER: tuple[LedgerEntry, ...] = (
         remove_when="The entry above goes.",
     ),
     LedgerEntry(
+        target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._may_reorder_batch",
+        signature="(self, scheduler_output: 'SchedulerOutput') -> None",
+        per_series={"0.32": None, "0.33": None},
+        module="vllm_luce.vllm026.spec_rows_first_v1",
+        why="vLLM 0.26's Gated DeltaNet layer gives the recurrent update of the rows that verify drafts the gates "
+            "(a, b) of the batch's first tokens instead of their own, which is right only while every verifying row "
+            "precedes every other row. V1 puts decode rows first but a decode row without drafts (a step cut to one "
+            "token by the token budget or by KVFlash's decision positions) can sit among them; the verifying rows "
+            "behind it then decoded from their neighbours' gates, and greedy answers changed at clear top-1s "
+            "because of what other requests did (issue 67).",
+        how="Wraps V1's _may_reorder_batch (vLLM 0.26 only, hybrid targets, steps with drafts): after vLLM's own "
+            "reorder, swaps rows (InputBatch.swap_states, as that reorder does) until every row the Gated DeltaNet "
+            "metadata takes as verifying (scheduled tokens = drafts + 1) precedes every other row; both kinds are "
+            "decode rows, so the swaps stay inside the decode rows and the prefill rows keep their places.",
+        remove_when="vllm-luce drops vLLM 0.26 (from 0.32 the layer gathers the verifying rows' gates by token "
+                    "index).",
+    ),
+    LedgerEntry(
         target="vllm.v1.spec_decode.dflash:DFlashProposer.propose",
         signature='(self, num_speculative_tokens, target_token_ids: torch.Tensor, '
                   'target_positions: torch.Tensor, target_hidden_states: torch.Tensor, '

@@ -176,6 +176,9 @@ PATCHES: dict[str, tuple[str, ...]] = {
         "decoding without drafts"),
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states_after_model_execute": (
         "DFlash", ON_IMPORT, "each request's kept tokens, for the row above"),
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner._may_reorder_batch": (
+        "DFlash", ON_IMPORT, "(vLLM 0.26 bug) a hybrid target's verifying rows ahead of the rows without drafts, "
+        "whose gates vLLM 0.26 gives them otherwise"),
     "vllm.v1.spec_decode.dflash:DFlashProposer.propose": (
         "DFlash", ON_IMPORT, "on the gate's plain steps run only the drafter's context pass"),
     "vllm._custom_ops:rms_norm": (

@@ -7,6 +7,8 @@
 * ``recurrent_state_v2.py``: on Model Runner V2 with a hybrid target, a decode row without drafts after its
   request's verify step reads the Gated DeltaNet state of that step's last kept token. vLLM 0.26 reads slot 0 there;
   from 0.32 such rows take the verify path, which reads the state in place.
+* ``spec_rows_first_v1.py``: on Model Runner V1 with a hybrid target, the rows that verify drafts come first in the
+  batch. vLLM 0.26's Gated DeltaNet layer gives them the gates of the batch's first tokens; from 0.32 their own.
 
 Nothing outside this package imports it or compares the vLLM series with 0.26 (tests/test_layout.py). It is reached
 only through rows of vllm_luce/hooks.py whose removal condition names vLLM 0.26; the feature installs resolve the
