@@ -4,9 +4,9 @@ SPEC (JSON): {"model": path, "llm": {LLM keyword arguments}, "prompts": [text or
 "max_tokens": n (or one per prompt), "xargs": [each prompt's vllm_xargs or null], "predictable": bool (register the
 test-only drafter class; in-process engines only), "rpc": ["kvflash"] (the workers' KVFlash totals; "reselections":
 each worker's reselections of every request: (tokens, resident before, resident after, {chunk: score}), any engine),
-"kvflash_probe": bool, "v1_probe": {"off": [...]} (``tests/gpu/v1_probe.py``: schedule trace, drafter slot
-check and V1 pieces switched off; in-process V1 engines only), "record_reselections": bool (each request's KVFlash
-reselections, in-process engines only),
+"kvflash_probe": bool, "mixed_steps": bool (count the steps that verify drafts beside a one-token row without drafts;
+in-process engines only), "record_reselections": bool (each request's KVFlash reselections, in-process engines
+only),
 "logprobs": k (each position's sampled and top-k logprobs, and the top token ids), "gate": {GateConfig fields} (the
 DFlash gate replaced by one of this config, e.g. one that switches every few steps; in-process engine cores only),
 "aborts": [[prompt index, engine step], ...] (the prompts run through LLMEngine's step loop, each listed one aborted
@@ -35,6 +35,22 @@ def _counters(llm) -> dict:
     return llm_counters(llm, ("vllm:spec_decode_num", "vllm:num_preemptions", "vllm:luce_"))
 
 
+def _count_mixed_steps(llm) -> list[int]:
+    """A counter of the scheduler's steps that verify drafts beside a one-token row without drafts: where vLLM
+    0.26's Gated DeltaNet layer gave verifying rows other rows' gates (``vllm026/spec_rows_first_v1.py``)."""
+    scheduler, count = llm.llm_engine.engine_core.engine_core.scheduler, [0]
+    schedule = scheduler.schedule
+
+    def counted(*args, **kwargs):
+        out = schedule(*args, **kwargs)
+        drafts = out.scheduled_spec_decode_tokens or {}
+        count[0] += bool(drafts) and any(n == 1 and r not in drafts for r, n in out.num_scheduled_tokens.items())
+        return out
+
+    scheduler.schedule = counted
+    return count
+
+
 def run(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
 
@@ -48,10 +64,7 @@ def run(spec: dict) -> dict:
 
         scheduler = llm.llm_engine.engine_core.engine_core.scheduler
         scheduler.luce_gate = SpecGate(GateConfig(**spec["gate"]))
-    if "v1_probe" in spec:
-        from tests.gpu import v1_probe
-
-        v1_probe.install(llm, spec["v1_probe"])
+    mixed = _count_mixed_steps(llm) if spec.get("mixed_steps") else None
     probe = None
     if spec.get("kvflash_probe"):
         from tests.gpu import kvflash_probe
@@ -99,10 +112,8 @@ def run(spec: dict) -> dict:
         result["rank_reselections"] = [[events_of(events, o.request_id) for o in outputs] for events in by_rank]
     if probe is not None:
         result["kvflash_probe"] = probe
-    if "v1_probe" in spec:
-        from tests.gpu import v1_probe
-
-        result["v1_probe"] = v1_probe.report(llm)
+    if mixed is not None:
+        result["mixed_steps"] = mixed[0]
     if events is not None:
         from fixtures.reask import events_of
 

@@ -1,10 +1,12 @@
 """DFlash beside KVFlash's paging leaves the requests that never page with vLLM alone's greedy answers (issue 67).
 
 With DFlash gated and a KVFlash pool of 1,024 tokens, requests of the churn test that never page parted from vLLM
-alone at clear top-1s on the GPU, with and without asynchronous scheduling and CUDA graphs, more often with the gate
-off, and not with a pool that pages nothing (docs/operations.md). The variants here say which part takes them:
-KVFlash alone, the host tier instead of lent KV blocks, the gate off, Model Runner V2, and a pool that pages nothing as
-the control; every V1 engine with vllm-luce runs KVFlash's block-ownership audit (``luce.kvflash.audit``)."""
+alone at clear top-1s on Model Runner V1 (docs/operations.md): KVFlash cuts a paged request's step at its decision
+positions, which leaves a one-token row without drafts among the rows that verify drafts, and vLLM 0.26's Gated
+DeltaNet layer then gave every verifying row behind it other rows' gates (``vllm_luce/vllm026/spec_rows_first_v1.py``
+puts the verifying rows first). The gated V1 engine here must meet such steps, so the test can fail. The variants:
+KVFlash alone, the host tier instead of lent KV blocks, the gate off, Model Runner V2, and a pool that pages nothing
+as the control; every V1 engine with vllm-luce runs KVFlash's block-ownership audit (``luce.kvflash.audit``)."""
 
 import dataclasses
 
@@ -20,10 +22,10 @@ SHARED = {"max_model_len": 8192, "dtype": "bfloat16", "max_num_batched_tokens": 
 
 def churn_specs(model) -> tuple[dict, dict]:
     """The churn test's 40 requests as engine specs without their ``llm`` arguments: vLLM alone's, and the gated
-    DFlash engine's (the switching gate, KVFlash's totals)."""
+    DFlash engine's (the switching gate, KVFlash's totals, the count of steps that verify beside a one-token row)."""
     prompts, lengths = churn_prompts()
     base = {"model": str(model), "logprobs": 2, "prompts": prompts, "max_tokens": lengths, "aborts": []}
-    return base, {**base, "gate": dataclasses.asdict(SWITCHING), "rpc": ["kvflash"]}
+    return base, {**base, "gate": dataclasses.asdict(SWITCHING), "rpc": ["kvflash"], "mixed_steps": True}
 
 
 def kvflash(dflash: dict | None = None, **settings) -> dict:
@@ -61,7 +63,8 @@ def test_requests_that_never_page_keep_vllm_alones_answers_beside_paging_and_dra
         found = [p for p in parts(out, alone) if p["request"] in short]
         report[name] = {"parts": found, "wide": [p for p in found if p["gaps"][1] > WIDE_NATS],
                         "kvflash": out["kvflash"], "drafts": out["counters"].get("vllm:spec_decode_num_drafts", 0),
-                        "preemptions": out["counters"].get("vllm:num_preemptions", 0)}
+                        "preemptions": out["counters"].get("vllm:num_preemptions", 0),
+                        "mixed_steps": out.get("mixed_steps")}
     keep_report("kvflash_dflash_bystanders_tp1", report)
     for name in variants:
         paged = sum(r["page_outs"] for r in report[name]["kvflash"])
@@ -72,4 +75,5 @@ def test_requests_that_never_page_keep_vllm_alones_answers_beside_paging_and_dra
     audit = {name: [(r["audit_shared_blocks"], r["audit_stray_slots"]) for r in report[name]["kvflash"]]
              for name in audited}
     assert all(counts == (0, 0) for found in audit.values() for counts in found), audit
+    assert report["both"]["mixed_steps"] > 0, report["both"]  # the steps that parted answers before the fix
     assert not any(report[name]["wide"] for name in variants), {name: report[name]["wide"] for name in variants}
