@@ -335,3 +335,44 @@ def test_a_step_that_writes_several_chunks_and_reselects_scores_only_chunks_writ
     written = set(range(step // CHUNK, 2 * step // CHUNK))
     assert not written & set(p.paged_out())  # nothing written by the step left the pool in it
     assert_pool_holds_logical_tokens(p)
+
+
+def cut_store(p, capacity):
+    """The row shrinks to ``capacity`` positions, as when the scheduler takes lent blocks back: the positions beyond
+    go to another request (poisoned) and the store no longer reads them."""
+    p.store.data[capacity:] = float("nan")
+    p.store.data = p.store.data[:capacity].clone()
+
+
+def test_giving_blocks_back_moves_cold_chunks_below_the_cut_then_to_host_memory_bit_exact():
+    p, lru = pager(cold_chunks=6), LRU()
+    for _ in range(14):
+        grow(p, CHUNK, lru)
+    p.prepare(0, 3, lru)  # a restart frees positions 8..13; regrowing takes them back from the top
+    for _ in range(10):  # 43 tokens, 11 chunks: 8 resident, 3 cold at positions 13, 12, 11; 8, 9, 10 free
+        grow(p, CHUNK, lru)
+    assert sorted(p.cold.values()) == [11, 12, 13] and sorted(p.cold_free) == [8, 9, 10]
+    p.store.data[8:11] = float("nan")  # free positions hold nothing of use
+    assert p.give_back(12) == 0  # positions 12 and 13 move down into free ones: nothing to host memory
+    cut_store(p, 12)
+    assert sorted(p.cold.values()) == [9, 10, 11] and not p.host and p.stats.moves >= 2
+    assert p.give_back(9) == 2 and p.stats.demotions == 2  # one free position below 9 (8), two chunks to host
+    cut_store(p, 9)
+    assert sorted(p.cold.values()) == [8] and len(p.host) == 2
+    assert p.host_bytes() == 2 * p.store.chunk_nbytes()
+    for chunk, position in p.cold.items():
+        assert chunk_holds(p, chunk, p.store.data[position])
+    for chunk, data in p.host.items():  # copies, taken before the blocks changed hands
+        assert chunk_holds(p, chunk, data)
+    for _ in range(3):  # growth goes on within the smaller row: the next page-outs go to host memory
+        grow(p, CHUNK, lru)
+    assert len(p.cold) == 1 and len(p.host) == 5 and p.stats.lost == 0
+    assert_pool_holds_logical_tokens(p)
+
+
+def test_giving_back_blocks_no_cold_chunk_uses_changes_nothing():
+    p, lru = pager(cold_chunks=6), LRU()
+    for _ in range(10):  # 2 cold chunks at 8, 9
+        grow(p, CHUNK, lru)
+    before, moves = dict(p.cold), p.stats.moves
+    assert p.give_back(10) == 0 and p.cold == before and p.cold_next == 10 and p.stats.moves == moves

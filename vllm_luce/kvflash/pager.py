@@ -330,16 +330,45 @@ class RequestPager:
         for i in torch.argsort(scores, stable=True)[:count].tolist():
             self._page_out(candidates[i])
 
-    def _take_cold(self) -> int | None:
-        """A free cold position of the store, or None when its capacity is in use."""
+    def _take_cold(self, capacity: int | None = None) -> int | None:
+        """A free cold position of the store (below ``capacity``, by default the store's), or None when every one is
+        in use."""
         if self.cold_free:
             return self.cold_free.pop()
         if self.cold_next < 0:
             self.cold_next = self.config.pool_chunks
-        if self.cold_next < self.store.capacity():
+        if self.cold_next < (self.store.capacity() if capacity is None else capacity):
             self.cold_next += 1
             return self.cold_next - 1
         return None
+
+    def give_back(self, capacity: int) -> int:
+        """The store keeps its first ``capacity`` chunk positions only (the scheduler takes back KV blocks it lent for
+        cold chunks): each cold chunk beyond them moves to a free cold position below, else to host memory, while the
+        store still reads the blocks. Returns the chunks moved to host memory, which the scheduler reserved."""
+        self.cold_free = [p for p in self.cold_free if p < capacity]
+        if self.cold_next > capacity:
+            self.cold_next = capacity
+        moves, demoted = [], 0
+        for chunk in sorted(c for c, p in self.cold.items() if p >= capacity):
+            source, target = self.cold[chunk], self._take_cold(capacity)
+            if target is not None:
+                self.cold[chunk] = target
+                moves.append((target, source))
+                continue
+            read_host = getattr(self.store, "read_host", None)
+            data = read_host(source) if read_host else self.store.read(source).detach().to("cpu", copy=True)
+            del self.cold[chunk]
+            self.host[chunk] = data
+            self.host_nbytes += _nbytes(data)
+            self.stats.bytes_out += _nbytes(data)
+            demoted += 1
+        if moves:  # sources beyond ``capacity``, targets free below it: no move reads another's target
+            self.stats.moves += len(moves)
+            self.store.rearrange(moves, [])
+        self.stats.demotions += demoted
+        self._account()
+        return demoted
 
     def _page_out(self, chunk: int) -> None:
         position = self.stored_at.pop(chunk)

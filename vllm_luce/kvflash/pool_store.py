@@ -73,6 +73,7 @@ class PagerStats:
     page_ins: int = 0  # chunks back into the pool, from either tier
     cold_outs: int = 0  # of the page-outs, those to cold positions of the store (free KV blocks on the GPU)
     cold_ins: int = 0
+    demotions: int = 0  # cold chunks moved to host memory because the scheduler took their KV blocks back
     bytes_out: int = 0  # bytes copied to host memory
     bytes_in: int = 0  # bytes copied back from host memory
     moves: int = 0
