@@ -16,7 +16,7 @@ from tests.gpu.conftest import RUNNERS, keep_report, llm_args, parts, run_engine
 from tests.gpu.test_dflash import IN_PROCESS, WIDE_NATS, churn_prompts, tp1_only
 
 POOL = 1024
-# LUCE_GPU_VARIANTS=both,both-v2: only those engines beside vLLM alone (a device call with little time left)
+# LUCE_GPU_VARIANTS=both,both-v2: only those engines beside vLLM alone (a quicker run)
 ONLY = [v for v in os.environ.get("LUCE_GPU_VARIANTS", "").split(",") if v]
 
 
