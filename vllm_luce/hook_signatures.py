@@ -118,6 +118,16 @@ EXPECTED: dict[str, str] = {
         'output_block_scale: torch.Tensor | None=None) -> torch.Tensor',
     "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states":
         "(self, scheduler_output: 'SchedulerOutput') -> Callable | None",
+    "vllm.v1.core.sched.output:SchedulerOutput":
+        CLASS,
+    "vllm.v1.worker.block_table:BlockTable.num_blocks_per_row":
+        ATTRIBUTE,
+    "vllm.v1.worker.gpu_input_batch:CachedRequestState.block_ids":
+        ATTRIBUTE,
+    "vllm.v1.worker.gpu_input_batch:InputBatch.req_id_to_index":
+        ATTRIBUTE,
+    "vllm.v1.worker.gpu.block_table:BlockTables.num_blocks":
+        ATTRIBUTE,
     "vllm.v1.worker.gpu.block_table:BlockTables.append_block_ids":
         '(self, req_index: int, new_block_ids: tuple[list[int], ...], overwrite: bool) -> None',
     "vllm.v1.worker.gpu.block_table:BlockTables.compute_slot_mappings":

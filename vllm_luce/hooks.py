@@ -315,6 +315,12 @@ HOOKS: tuple[Hook, ...] = (
          "0.26-0.32: the client gets vLLM's internal error; a dict of RequestError from 0.33: the client gets our "
          "message); the server log names the setting either way", KV_SCHEDULER_HOOK,
          checks=(f"{SCHEDULER}.grammar_compile_error_reqs", "vllm.outputs:RequestError")),
+    _row(REBINDING, "vllm.v1.core.sched.output:SchedulerOutput.luce_cold_rows",
+         f"{KV}.scheduler:KVFlashSchedulerMixin.schedule", "KVFlash",
+         "the workers learn which requests gave lent KV blocks back this step, to move the cold chunks there out "
+         "before the blocks change hands (vLLM's output only ever appends blocks to a running request's row)",
+         "a new attribute on the step's output: request -> its row's length in blocks", KV_SCHEDULER_HOOK,
+         checks=("vllm.v1.core.sched.output:SchedulerOutput",)),
     _row(REBINDING, "vllm.v1.request:Request.max_tokens", f"{KV}.scheduler:KVFlashSchedulerMixin.add_request",
          "KVFlash", "a request stops (finish reason length) where its context would need more host memory than "
          "luce.kvflash.host_request_bytes, as at max_model_len", "lowered before vLLM's add_request",
@@ -343,8 +349,13 @@ HOOKS: tuple[Hook, ...] = (
          "the pooled layers' queries, observed for the QK policy",
          "notes each request's last query, then vLLM's forward", KV_WORKER_HOOK, runner=V1_V2),
     _row(INSTANCE_WRAP, f"{V1_RUNNER}._update_states", f"{KV}.worker_v1:_bind_release",
-         "KVFlash", "finished and preempted requests release their pagers",
-         "vLLM's _update_states, then the releases", KV_WORKER_HOOK),
+         "KVFlash", "finished and preempted requests release their pagers; rows the scheduler cut (lent blocks taken "
+         "back, SchedulerOutput.luce_cold_rows) move their cold chunks out and end at the cut",
+         "the releases and the cuts (the pooled BlockTable's num_blocks_per_row and the request state's block_ids "
+         "shortened), then vLLM's _update_states", KV_WORKER_HOOK,
+         checks=(f"{V1_RUNNER}._update_states", "vllm.v1.worker.block_table:BlockTable.num_blocks_per_row",
+                 "vllm.v1.worker.gpu_input_batch:CachedRequestState.block_ids",
+                 "vllm.v1.worker.gpu_input_batch:InputBatch.req_id_to_index")),
     _row(INSTANCE_WRAP, f"{V2_TABLES}.append_block_ids", f"{KV}.worker_v2:bind_v2",
          "KVFlash", "the pooled group's block rows mirrored on the host for the pagers",
          "vLLM's, then the pooled rows copied to the mirror", KV_WORKER_HOOK),
@@ -352,8 +363,10 @@ HOOKS: tuple[Hook, ...] = (
          "KVFlash", "the pooled group's row of slots from the pagers",
          "vLLM's for the other groups, the pagers' for the pooled one", KV_WORKER_HOOK),
     _row(INSTANCE_WRAP, f"{V2_RUNNER}.finish_requests", f"{KV}.worker_v2:bind_v2",
-         "KVFlash", "finished and preempted requests release their pagers",
-         "the releases, around vLLM's finish_requests", KV_WORKER_HOOK),
+         "KVFlash", "as V1's _update_states row, on Model Runner V2",
+         "the releases and the cuts (the pooled group's BlockTables.num_blocks shortened), then vLLM's "
+         "finish_requests", KV_WORKER_HOOK,
+         checks=(f"{V2_RUNNER}.finish_requests", f"{V2_TABLES}.num_blocks")),
     _row(INSTANCE_WRAP, f"{V2_RUNNER}.prepare_attn", f"{KV}.worker_v2:bind_v2",
          "KVFlash", "the step's InputBatch noted, whose host mirrors the pooled slot mapping reads",
          "notes the batch, then vLLM's prepare_attn", KV_WORKER_HOOK),

@@ -160,3 +160,18 @@ def test_a_request_refused_for_wait_s_in_a_row_or_beyond_its_share_is_handed_bac
     a.release("late")
     assert a.waiting_since == {}
     assert a.end_beyond_share("headless") == [("headless", "share")] and a.expired == 3
+
+
+def test_lent_blocks_taken_back_reserve_their_chunks_at_once_and_count_no_refusal(tmp_path):
+    ledger = HostLedger(str(tmp_path / "ledger"), 5 * CHUNK_BYTES)
+    a = HostAdmission(config(), ledger)
+    assert a.hold("r1", 1 * CHUNK_BYTES)
+    a.commit("r1", 1 * CHUNK_BYTES)
+    a.end_step()
+    assert a.take("r1", 3 * CHUNK_BYTES, blocks=8) and a.total() == 3 * CHUNK_BYTES and a.returned_blocks == 8
+    assert a.end_step() == 0 and a.total() == 3 * CHUNK_BYTES  # reserved, not a step's hold: it stays
+    assert not a.take("r2", 3 * CHUNK_BYTES, blocks=8)  # the budget has 2 left: r2 keeps its blocks
+    assert not a.take("r1", 11 * CHUNK_BYTES, blocks=8)  # beyond its share
+    assert a.returned_blocks == 8 and a.refusals == 0 and a.end_step() == 0  # no refusal, nobody held back
+    a.release("r1")
+    assert a.total() == 0

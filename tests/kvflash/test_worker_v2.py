@@ -1,7 +1,8 @@
 """KVFlash's Model Runner V2 binding against V2's interfaces, with stand-in runner objects (V2 needs a
 GPU and vLLM together, which no machine here has). Checks: signatures of the V2 methods bound,
 pooled-group slot mapping from the pagers (other groups untouched), bounded residency inside the
-request's own blocks, resident seq_lens for the builders, releases through finish_requests."""
+request's own blocks, resident seq_lens for the builders, releases and rows cut (lent blocks taken back) through
+finish_requests."""
 
 import inspect
 from dataclasses import dataclass
@@ -39,9 +40,12 @@ class FakeBlockTables:
     def __init__(self):
         self.block_sizes, self.max_num_reqs = [BS, BS], 4
         self.appended = []
+        self.num_blocks = SimpleNamespace(np=np.zeros((2, 4), dtype=np.int32))
 
     def append_block_ids(self, req_index, new_block_ids, overwrite):
         self.appended.append((req_index, new_block_ids, overwrite))
+        for group, ids in enumerate(new_block_ids):
+            self.num_blocks.np[group, req_index] = (0 if overwrite else self.num_blocks.np[group, req_index]) + len(ids)
 
     def compute_slot_mappings(self, idx_mapping, query_start_loc, positions, num_tokens_padded, out=None):
         return torch.full((2, num_tokens_padded), 7, dtype=torch.int64)  # V2's own result: "7" everywhere
@@ -261,3 +265,30 @@ def test_query_capture_clamps_the_rows_once_a_forward_and_keeps_every_layer_in_b
         runtime.observe_queries(layer, query)
     assert len(clamps) == 1
     assert all(torch.equal(runtime._queries[layer][0], query[2]) for layer in (0, 1, 2))
+
+
+def test_a_row_the_scheduler_cuts_moves_its_cold_chunks_out_bit_exact_before_the_blocks_go():
+    from vllm_luce.kvflash.worker_v2 import bind_v2
+
+    runner, _ = fake_runner()
+    luce = LuceConfig.from_sources({"luce": {"kvflash": {"pool_tokens": POOL, "policy": "lru"}}}, {})
+    runtime = bind_v2(runner, luce)
+    runner.block_tables.append_block_ids(2, ([1], [9, 4, 12, 5, 6, 7]), overwrite=False)  # pool, then 3 lent
+    for start in range(0, 1000, 100):
+        step(runner, start, 100)
+    pager = runtime.pagers["r"]
+    assert len(pager.cold) == 6 and pager.host  # the 3 lent blocks hold 6 cold chunks
+    beyond = {c: pager.store.read(p).clone() for c, p in pager.cold.items() if p >= 8}
+    assert len(beyond) == 4  # in blocks 6 and 7
+    runner.finish_requests(SimpleNamespace(finished_req_ids=set(), preempted_req_ids=None,
+                                           luce_cold_rows={"r": 4}))
+    assert runner.block_tables.num_blocks.np[1, 2] == 4 and pager.stats.demotions == 4
+    for chunk, data in beyond.items():
+        assert torch.equal(pager.host[chunk], data)
+    runtime.caches[0][6:8].fill_(float("nan"))  # blocks 6 and 7 belong to another request now
+    for start in range(1000, 1400, 100):
+        slots = step(runner, start, 100)[1]
+        assert set((slots // BS).tolist()) <= {9, 4, 12, 5}
+    assert all(p < 8 for p in pager.cold.values()) and pager.stats.lost == 0
+    for position in [*range(len(pager.resident)), *pager.cold.values()]:  # nothing of theirs read back
+        assert not pager.store.read(position).isnan().any()

@@ -9,7 +9,10 @@ The scheduler decides, per request and step, before the worker pages anything ou
 * **Host memory for the rest**, reserved before the step that pages it out: a request whose chunks would not fit
   the host budget (``host_ledger.py``, shared by the host) or its own share (``request_bytes``) is held back: it
   waits (the scheduler skips it for the step, ``scheduler.py``; a holder is preempted only when requests wait for
-  this engine's own holders and none of them ran). Nothing is dropped. A request refused for ``wait_s`` in a row,
+  this engine's own holders and none of them ran). Nothing is dropped.
+* **Lent blocks come back** when requests wait and the free blocks fall below ``reserve_blocks``: the newest running
+  request that holds some gives them back, its reservation raised first for the chunks that go to host memory
+  (``take``), so vLLM admits new requests as it would without cold chunks. A request refused for ``wait_s`` in a row,
   or asking for more than its share (no wait admits it), is handed to the scheduler to end with an error.
 
 A request's reservation is the largest its host chunks have needed, so swaps between the tiers never take it past
@@ -94,6 +97,7 @@ class HostAdmission:
     beyond_share: set[str] = field(default_factory=set)  # requests refused more than their share: no wait admits them
     expired: int = 0  # requests ended for waiting too long or beyond their share, summed
     refusals: int = 0  # requests refused, once a step each, summed over steps
+    returned_blocks: int = 0  # KV blocks lent for cold chunks taken back for waiting requests, summed
     unbudgeted: int = 0  # total with no ledger
     claimed: int = 0  # the bytes this engine's pageable slot holds in the ledger
     ledger_touches: int = 0  # changes of the ledger, for tests and benchmarks
@@ -123,6 +127,18 @@ class HostAdmission:
         self._total += nbytes - current
         self.held_back.discard(req_id)
         self.waiting_since.pop(req_id, None)
+        return True
+
+    def take(self, req_id: str, nbytes: int, blocks: int) -> bool:
+        """Reserve ``nbytes`` for a running request now, outside any step's holds, as ``blocks`` KV blocks lent to it
+        go back and their chunks to host memory (``scheduler.py``); False, with nothing counted, when its share or the
+        budget has no room."""
+        before = self._need(req_id)
+        if nbytes > before and (nbytes > self.share_of(req_id) or not self._fits(self._total + nbytes - before)):
+            return False
+        self.reserved[req_id] = max(self.reserved.get(req_id, 0), nbytes)
+        self._total += self._need(req_id) - before
+        self.returned_blocks += blocks
         return True
 
     def share_of(self, req_id: str) -> int:

@@ -99,6 +99,7 @@ def report(admission: HostAdmission, labels: dict, step_end: bool = True) -> Non
     if step_end:
         metrics.set_gauge("kvflash_held_back_requests", admission.end_step(), **labels)
         metrics.set_total("kvflash_held_back_steps", admission.refusals, **labels)
+        metrics.set_total("kvflash_lent_blocks_returned", admission.returned_blocks, **labels)
     elif not admission.total():  # no reservation left (the engine may go idle): the claim returns to the host now
         admission.settle()
     metrics.set_gauge("kvflash_host_reserved_bytes", admission.total(), **labels)

@@ -311,6 +311,18 @@ class KVFlashRuntime:
                                                     dtype=like.dtype, device=like.device)
         return buf[: like.shape[0]]
 
+    def give_back(self, req_id: str, row: np.ndarray, keep: int) -> int:
+        """The scheduler took back the blocks of the request's row after its first ``keep`` (``row``: the whole row
+        before, as ``plan`` gets it): the pager moves its cold chunks there to free positions below, else to host
+        memory, while the store still reads them. Returns the chunks moved to host memory."""
+        pager = self.pagers.get(req_id)
+        if pager is None:
+            return 0
+        pager.store.row = row
+        moved = pager.give_back(keep * self.block_size // self.config.chunk_tokens)
+        pager.store.row = row[:keep]
+        return moved
+
     def release(self, req_ids) -> None:
         """Forget finished or preempted requests; their totals move to ``released``. Metrics are published
         at once only when a pager went (called twice every step, mostly with nothing to release)."""
@@ -339,7 +351,7 @@ class KVFlashRuntime:
         return sum(pool.misses for pool in self._host_pools.values())
 
     def stats(self) -> dict[str, float]:
-        keys = ("page_outs", "page_ins", "cold_outs", "cold_ins", "bytes_out", "bytes_in", "moves", "reselections",
+        keys = ("page_outs", "page_ins", "cold_outs", "cold_ins", "demotions", "bytes_out", "bytes_in", "moves", "reselections",
                 "dropped", "lost", "host_over_reserved", "uncut_decisions", "reselect_s", "sparse_steps", "dense_steps",
                 "attended_tokens", "context_tokens")
         totals = {k: getattr(self.released, k) + sum(getattr(p.stats, k) for p in self.pagers.values()) for k in keys}
@@ -366,6 +378,7 @@ class KVFlashRuntime:
         metrics.set_gauge("kvflash_pinned_bytes", self.pinned_bytes(), **labels)
         metrics.set_total("kvflash_pageable_page_outs", self.pageable_page_outs(), **labels)
         for name, key in (("page_outs", "page_outs"), ("page_ins", "page_ins"), ("cold_page_outs", "cold_outs"),
+                          ("cold_demotions", "demotions"),
                           ("page_out_bytes", "bytes_out"),
                           ("page_in_bytes", "bytes_in"), ("reselections", "reselections"),
                           ("reselection_seconds", "reselect_s"), ("host_budget_drops", "dropped"),

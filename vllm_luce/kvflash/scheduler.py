@@ -68,9 +68,17 @@ class KVFlashSchedulerMixin:
             self._luce_fail(self.luce_admission.end_beyond_share(request.request_id))
 
     def schedule(self, *args, **kwargs):
-        if self.luce_admission is not None and getattr(self, "_luce_host_starved", False):
-            self._luce_make_host_room()
+        rows = {}
+        if self.luce_admission is not None:
+            if getattr(self, "_luce_host_starved", False):
+                self._luce_make_host_room()
+            if self.waiting and self.luce_admission.config.gpu_cold:
+                rows = self._luce_take_back()
         output = super().schedule(*args, **kwargs)
+        if rows:
+            from vllm_luce import hooks
+
+            hooks.bind("vllm.v1.core.sched.output:SchedulerOutput.luce_cold_rows", output, rows)
         if self.luce_admission is not None:
             from vllm_luce.kvflash.engine_tiers import report
 
@@ -82,6 +90,32 @@ class KVFlashSchedulerMixin:
             report(admission, self._luce_tier_labels)
             self._luce_fail(admission.take_expired(time.monotonic()))
         return output
+
+    def _luce_take_back(self) -> dict[str, int]:
+        """While requests wait, free blocks below ``reserve_blocks`` come back from blocks lent for cold chunks, the
+        newest running request's first (the one vLLM would preempt first), each holder's host reservation raised first
+        for the chunks that then go to host memory (a holder without room keeps its blocks). Its workers move the
+        chunks out before the blocks change hands; returns the rows cut: request -> its row's length in blocks."""
+        manager, admission, rows = getattr(self, "luce_kvflash_manager", None), self.luce_admission, {}
+        short = 0 if manager is None else admission.config.reserve_blocks - manager.block_pool.get_num_free_blocks()
+        if short <= 0:
+            return rows
+        lookahead = getattr(self, "num_lookahead_tokens", 0) or 0
+        for request in reversed(self.running):
+            req_id = request.request_id
+            count = min(manager.luce_lent_blocks(req_id), short)
+            if count <= 0:
+                continue
+            # the tokens its workers may hold: the step in flight's and rejected drafts' too
+            tokens = request.num_computed_tokens + getattr(request, "num_output_placeholders", 0) + lookahead
+            held = len(manager.req_to_blocks[req_id])
+            nbytes = admission.config.host_bytes(admission.tokens_for(req_id, tokens), held - count)
+            if admission.take(req_id, nbytes, count):
+                rows[req_id] = manager.luce_take_back(req_id, count)
+                short -= count
+            if short <= 0:
+                break
+        return rows
 
     def _luce_fail(self, expired: list[tuple[str, str]]) -> None:
         """Requests that waited for host memory too long (``kvflash.host_wait_s``), or asked for more than their share

@@ -8,8 +8,9 @@ check (``max_memory_usage_bytes``) and its admission therefore see the pool, not
 beyond the KV budget are admitted. Beyond the pool the manager lends a request free blocks for its cold chunks
 while the cache has room, and reserves host memory for the rest before the step that pages it out; a request that
 fits neither is not allocated, so vLLM holds it back or preempts, as for blocks (``admission.py``, wired by the
-scheduler). The block table's rows have room for a whole context (``cold``). Where tokens go inside those blocks
-is the worker's business (``worker.py``: a compacted pool, then cold chunks, see ``pager.py``).
+scheduler); lent blocks come back when requests wait for blocks (``luce_take_back``). The block table's rows have
+room for a whole context (``cold``). Where tokens go inside those blocks is the worker's business (``worker.py``: a
+compacted pool, then cold chunks, see ``pager.py``).
 Prefix caching is off for these layers: a block's content depends on paging, not on the prefix.
 Importing this module registers the spec.
 """
@@ -139,6 +140,21 @@ class KVFlashManager(FullAttentionManager):
         admission.commit(request_id, admission.config.host_bytes(admission.tokens_for(request_id, num_tokens),
                                                                  len(self.req_to_blocks[request_id])))
         return new
+
+    def luce_lent_blocks(self, request_id: str) -> int:
+        """Blocks of the request's row beyond its pool: lent for cold chunks."""
+        pool = self.kv_cache_spec.pool_blocks
+        return 0 if pool is None else max(0, len(self.req_to_blocks.get(request_id, ())) - pool)
+
+    def luce_take_back(self, request_id: str, count: int) -> int:
+        """Free the last ``count`` blocks lent to the request (its workers move their cold chunks out first, told by
+        the step's output); returns the row's length after, in blocks."""
+        row = self.req_to_blocks[request_id]
+        count = min(count, self.luce_lent_blocks(request_id))
+        taken = row[len(row) - count:]
+        del row[len(row) - count:]
+        self.block_pool.free_blocks(reversed(taken))
+        return len(row)
 
     def free(self, request_id: str) -> None:
         super().free(request_id)

@@ -1,11 +1,13 @@
 """KVFlash bound to vLLM's Model Runner V1 (``vllm/v1/worker/gpu_model_runner.py``, and the CPU runner built on it)
 after ``initialize_kv_cache``: the pooled group's slot mapping comes from the pagers, its attention metadata builders
-and the pooled layers' query capture are bound with the pieces both runners share (``worker.py``), and finished and
-preempted requests release their pagers. ``worker_v2.py`` binds Model Runner V2.
+and the pooled layers' query capture are bound with the pieces both runners share (``worker.py``), finished and
+preempted requests release their pagers, and rows the scheduler cut (lent blocks taken back) move their cold chunks
+out and shrink. ``worker_v2.py`` binds Model Runner V2.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vllm_luce import hooks
@@ -87,10 +89,35 @@ def _bind_slot_mapping(runner, gid: int, runtime: KVFlashRuntime) -> None:
 
 def _bind_release(runner, runtime: KVFlashRuntime) -> None:
     update_states = runner._update_states
+    gid = pooled_group(runner.kv_cache_config)
 
     def _update_states(scheduler_output, *args, **kwargs):
         runtime.release(scheduler_output.finished_req_ids)
         runtime.release(scheduler_output.preempted_req_ids or ())
+        cuts = getattr(scheduler_output, "luce_cold_rows", None)
+        if cuts:  # before vLLM moves rows and appends this step's blocks
+            give_back(runner, gid, runtime, cuts)
         return update_states(scheduler_output, *args, **kwargs)
 
     hooks.bind("vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states", runner, _update_states)
+
+
+def give_back(runner, gid: int, runtime: KVFlashRuntime, cuts: dict[str, int]) -> None:
+    """Rows the scheduler cut to ``cuts[request]`` blocks (lent blocks taken back for other requests): each pager
+    moves the cold chunks there out while its store still reads the whole row, then the row ends at the cut in the
+    persistent batch and in the request's state, which re-adds it after a step away."""
+    table = runner.input_batch.block_table[gid]
+    per = getattr(table, "blocks_per_kv_block", 1)  # kernel blocks per KV block (vLLM 0.26)
+    for req_id, blocks in cuts.items():
+        index, state = runner.input_batch.req_id_to_index.get(req_id), runner.requests.get(req_id)
+        if index is not None:
+            row = table.block_table.np[index, : table.num_blocks_per_row[index]].astype(np.int64)
+            table.num_blocks_per_row[index] = min(int(table.num_blocks_per_row[index]), blocks * per)
+        elif state is not None:
+            ids = np.asarray(state.block_ids[gid], dtype=np.int64)
+            row = (ids[:, None] * per + np.arange(per)).reshape(-1)
+        else:
+            continue
+        runtime.give_back(req_id, row, blocks * per)
+        if state is not None:
+            del state.block_ids[gid][blocks:]

@@ -8,7 +8,8 @@ in 0.33). Same ``KVFlashRuntime`` as V1; V2's objects differ:
   tensors only; the step's ``InputBatch`` (noted as ``prepare_attn`` receives it) holds their host
   mirrors, so the step need not wait for the device (without a speculator, whose drafts make V2's
   host counts an upper bound, each request's first position is its computed-token count);
-* finished and preempted requests come through ``finish_requests(scheduler_output)``.
+* finished and preempted requests come through ``finish_requests(scheduler_output)``, and so do the rows the scheduler
+  cut (``luce_cold_rows``: lent blocks taken back), before the step's blocks are appended.
 Attention metadata builders and query capture are bound as in V1, with the pieces both runners share (``worker.py``);
 ``worker_v1.py`` binds Model Runner V1.
 
@@ -97,6 +98,16 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
             index = runner.req_states.req_id_to_index.get(req_id)
             if index is not None:
                 rows.pop(index, None)
+        # rows the scheduler cut (lent blocks taken back): cold chunks out first, then the row ends at the cut,
+        # before this step's blocks are appended
+        for req_id, blocks in (getattr(scheduler_output, "luce_cold_rows", None) or {}).items():
+            index = runner.req_states.req_id_to_index.get(req_id)
+            if index is not None and index in rows:
+                runtime.give_back(req_id, rows[index], blocks)
+                rows[index] = rows[index][:blocks]
+                per = getattr(block_tables, "blocks_per_kv_block", None)  # kernel blocks per KV block (vLLM 0.26)
+                block_tables.num_blocks.np[gid, index] = min(int(block_tables.num_blocks.np[gid, index]),
+                                                             blocks * (per[gid] if per else 1))
         return finish_requests(scheduler_output)
 
     hooks.bind("vllm.v1.worker.gpu.block_table:BlockTables.append_block_ids", block_tables, append_block_ids_mirrored)

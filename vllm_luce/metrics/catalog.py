@@ -44,6 +44,8 @@ CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
     "kvflash_pageable_page_outs": (
         "counter", ("rank",), "Page-outs copied to pageable host memory (every pinned chunk was in use): slower."),
     "kvflash_page_ins": ("counter", ("rank",), "Chunks paged back into the pool."),
+    "kvflash_cold_demotions": (
+        "counter", ("rank",), "Cold chunks moved to host memory because their KV blocks went back to vLLM."),
     "kvflash_page_out_bytes": ("counter", ("rank",), "Bytes copied to host memory."),
     "kvflash_page_in_bytes": ("counter", ("rank",), "Bytes copied back from host memory."),
     "kvflash_reselections": ("counter", ("rank",), "Relevance reselections run (with paged-out chunks to choose from)."),
@@ -66,6 +68,8 @@ CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
     "kvflash_held_back_requests": (
         "gauge", ("engine",), "Requests held back at the latest step because their page-outs would not fit host memory."),
     "kvflash_held_back_steps": ("counter", ("engine",), "Request steps held back for host memory, summed."),
+    "kvflash_lent_blocks_returned": (
+        "counter", ("engine",), "KV blocks lent for cold chunks taken back for waiting requests."),
     "kvflash_host_wait_errors": (
         "counter", ("engine",), "Requests ended with an error because host memory was not granted within "
         "kvflash.host_wait_s, or they asked for more than kvflash.host_request_bytes."),
