@@ -1,8 +1,8 @@
-"""The end-to-end GPU benchmarks (``benchmarks/kvflash_gpu.py``, ``benchmarks/pflash_gpu.py``) in their ``--tiny`` mode
-through real vLLM on CPU, so that a broken script never costs GPU time: every field of their JSON, sane
-numbers, KVFlash's pool honoured and PFlash compressing. Timings on this machine mean nothing and are only checked
-to be there. Each runs vLLM alone and the feature (the plugin with the feature off, ``off``, is the same
-path as the feature's engine without its config)."""
+"""The end-to-end GPU benchmarks (``benchmarks/kvflash_gpu.py``, ``kvflash_many_short.py``, ``pflash_gpu.py``) in
+their ``--tiny`` mode through real vLLM on CPU, so that a broken script never costs GPU time: every field of their
+JSON, sane numbers, KVFlash's pool honoured and PFlash compressing. Timings on this machine mean nothing and are only
+checked to be there. Each runs vLLM alone and the feature (the plugin with the feature off, ``off``, is the same path
+as the feature's engine without its config)."""
 
 import json
 import subprocess
@@ -83,3 +83,16 @@ def test_pflash_gpu_tiny(tmp_path):
     summary = data["summary"]["pflash_vs_vllm"]
     assert set(summary["ttft_speedup"]) == {str(n) for n in contexts} and summary["ttft_speedup"][str(contexts[-1])] > 0
     assert data["summary"]["pflash"]["kept_fraction"][str(contexts[-1])] < 0.2
+
+
+def test_kvflash_many_short_tiny(tmp_path):
+    data = run("kvflash_many_short", tmp_path)
+    settings, alone, kv = data["settings"], data["results"]["vllm"], data["results"]["kvflash"]
+    for r in (alone, kv):
+        assert r["failed"] == 0 and r["long_completed"], r.get("errors")
+        assert r["short_tokens"] == settings["shorts"] * settings["short_tokens"] and r["short_tok_s"] > 0
+        assert len(r["short_ttft_s"]) == settings["shorts"] and r["metrics"]["vllm:num_preemptions"] >= 0
+    assert not alone["kvflash"]["bound"] and kv["kvflash"]["bound"] and kv["kvflash"]["page_outs"] > 0
+    assert kv["kvflash"]["dropped"] == kv["kvflash"]["lost"] == kv["kvflash"]["host_over_reserved"] == 0
+    summary = data["summary"]
+    assert summary["short_tok_s_ratio"] > 0 and set(summary["lost"]) == {"vllm", "kvflash"}
