@@ -126,6 +126,8 @@ EXPECTED: dict[str, str] = {
         ATTRIBUTE,
     "vllm.v1.worker.gpu_input_batch:InputBatch.req_id_to_index":
         ATTRIBUTE,
+    "vllm.v1.worker.gpu_model_runner:GPUModelRunner.requests":
+        ATTRIBUTE,
     "vllm.v1.worker.gpu.block_table:BlockTables.num_blocks":
         ATTRIBUTE,
     "vllm.v1.worker.gpu.block_table:BlockTables.append_block_ids":

@@ -354,7 +354,7 @@ HOOKS: tuple[Hook, ...] = (
          "the releases and the cuts (the pooled BlockTable's num_blocks_per_row and the request state's block_ids "
          "shortened), then vLLM's _update_states", KV_WORKER_HOOK,
          checks=(f"{V1_RUNNER}._update_states", "vllm.v1.worker.block_table:BlockTable.num_blocks_per_row",
-                 "vllm.v1.worker.gpu_input_batch:CachedRequestState.block_ids",
+                 "vllm.v1.worker.gpu_input_batch:CachedRequestState.block_ids", f"{V1_RUNNER}.requests",
                  "vllm.v1.worker.gpu_input_batch:InputBatch.req_id_to_index")),
     _row(INSTANCE_WRAP, f"{V2_TABLES}.append_block_ids", f"{KV}.worker_v2:bind_v2",
          "KVFlash", "the pooled group's block rows mirrored on the host for the pagers",

@@ -351,9 +351,9 @@ class KVFlashRuntime:
         return sum(pool.misses for pool in self._host_pools.values())
 
     def stats(self) -> dict[str, float]:
-        keys = ("page_outs", "page_ins", "cold_outs", "cold_ins", "demotions", "bytes_out", "bytes_in", "moves", "reselections",
-                "dropped", "lost", "host_over_reserved", "uncut_decisions", "reselect_s", "sparse_steps", "dense_steps",
-                "attended_tokens", "context_tokens")
+        keys = ("page_outs", "page_ins", "cold_outs", "cold_ins", "demotions", "bytes_out", "bytes_in", "moves",
+                "reselections", "dropped", "lost", "host_over_reserved", "uncut_decisions", "reselect_s", "sparse_steps",
+                "dense_steps", "attended_tokens", "context_tokens")
         totals = {k: getattr(self.released, k) + sum(getattr(p.stats, k) for p in self.pagers.values()) for k in keys}
         return totals if self.audit is None else {**totals, **self.audit.stats()}
 
