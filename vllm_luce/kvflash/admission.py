@@ -9,11 +9,11 @@ The scheduler decides, per request and step, before the worker pages anything ou
 * **Host memory for the rest**, reserved before the step that pages it out: a request whose chunks would not fit
   the host budget (``host_ledger.py``, shared by the host) or its own share (``request_bytes``) is held back: it
   waits (the scheduler skips it for the step, ``scheduler.py``; a holder is preempted only when requests wait for
-  this engine's own holders and none of them ran). Nothing is dropped.
+  this engine's own holders and none of them ran). Nothing is dropped. A request refused for ``wait_s`` in a row,
+  or asking for more than its share (no wait admits it), is handed to the scheduler to end with an error.
 * **Lent blocks come back** when requests wait and the free blocks fall below ``reserve_blocks``: the newest running
   request that holds some gives them back, its reservation raised first for the chunks that go to host memory
-  (``take``), so vLLM admits new requests as it would without cold chunks. A request refused for ``wait_s`` in a row,
-  or asking for more than its share (no wait admits it), is handed to the scheduler to end with an error.
+  (``take``), so vLLM admits new requests as it would without cold chunks.
 
 A request's reservation is the largest its host chunks have needed, so swaps between the tiers never take it past
 what was reserved; it ends when the request finishes or is preempted. The worker's pinned memory is the engine's
