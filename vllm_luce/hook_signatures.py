@@ -120,6 +120,14 @@ EXPECTED: dict[str, str] = {
         "(self, scheduler_output: 'SchedulerOutput') -> Callable | None",
     "vllm.v1.core.sched.output:SchedulerOutput":
         CLASS,
+    "vllm.v1.core.sched.scheduler:Scheduler.waiting":
+        ATTRIBUTE,
+    "vllm.v1.core.sched.scheduler:Scheduler.max_num_running_reqs":
+        ATTRIBUTE,
+    "vllm.v1.core.sched.scheduler:Scheduler.max_num_scheduled_tokens":
+        ATTRIBUTE,
+    "vllm.v1.core.sched.output:SchedulerOutput.total_num_scheduled_tokens":
+        ATTRIBUTE,
     "vllm.v1.worker.block_table:BlockTable.num_blocks_per_row":
         ATTRIBUTE,
     "vllm.v1.worker.gpu_input_batch:CachedRequestState.block_ids":

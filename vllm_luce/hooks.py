@@ -319,8 +319,12 @@ HOOKS: tuple[Hook, ...] = (
          f"{KV}.scheduler:KVFlashSchedulerMixin.schedule", "KVFlash",
          "the workers learn which requests gave lent KV blocks back this step, to move the cold chunks there out "
          "before the blocks change hands (vLLM's output only ever appends blocks to a running request's row)",
-         "a new attribute on the step's output: request -> its row's length in blocks", KV_SCHEDULER_HOOK,
-         checks=("vllm.v1.core.sched.output:SchedulerOutput",)),
+         "a new attribute on the step's output: request -> its row's length in blocks; taken back when requests "
+         "were left waiting (Scheduler.waiting) with sequences (max_num_running_reqs) and tokens "
+         "(max_num_scheduled_tokens, the output's total_num_scheduled_tokens) to spare", KV_SCHEDULER_HOOK,
+         checks=("vllm.v1.core.sched.output:SchedulerOutput", f"{SCHEDULER}.waiting",
+                 f"{SCHEDULER}.max_num_running_reqs", f"{SCHEDULER}.running", f"{SCHEDULER}.max_num_scheduled_tokens",
+                 "vllm.v1.core.sched.output:SchedulerOutput.total_num_scheduled_tokens")),
     _row(REBINDING, "vllm.v1.request:Request.max_tokens", f"{KV}.scheduler:KVFlashSchedulerMixin.add_request",
          "KVFlash", "a request stops (finish reason length) where its context would need more host memory than "
          "luce.kvflash.host_request_bytes, as at max_model_len", "lowered before vLLM's add_request",

@@ -46,7 +46,7 @@ def check_moved_bytes(monkeypatch) -> list[int]:
     return checked
 
 
-def run(path, blocks: int) -> dict:
+def run(path, blocks: int, **llm_args) -> dict:
     """The long request until it holds lent blocks, then the short ones: each request's greedy tokens and top-2 gaps,
     the steps the short requests waited to be first scheduled (summed), and the engine's counts."""
     from vllm import LLM, SamplingParams
@@ -54,7 +54,7 @@ def run(path, blocks: int) -> dict:
     from vllm_luce.kvflash.spec import KVFlashManager
 
     llm = LLM(str(path), max_model_len=4096, enforce_eager=True, dtype="bfloat16", num_gpu_blocks_override=blocks,
-              additional_config=kvflash(1024, audit=True))
+              additional_config=kvflash(1024, audit=True), **llm_args)
     runtime(llm).policy = Scorer(hashed_scores)  # the same chunks kept in every engine: the same bytes, same tokens
     scheduler = engine(llm).scheduler
     manager = next(m for m in scheduler.kv_cache_manager.coordinator.single_type_managers
@@ -114,3 +114,11 @@ def test_lent_blocks_come_back_for_new_requests_and_no_answer_changes(qwen, monk
         assert result["stats"]["audit_steps"] > 0, result["stats"]
         assert result["stats"]["audit_shared_blocks"] == result["stats"]["audit_stray_slots"] == 0, result["stats"]
         assert not first_differences_beyond_a_near_tie(result["tokens"], roomy["tokens"], roomy["gaps"])
+
+
+def test_no_block_comes_back_while_the_requests_wait_for_a_sequence_not_a_block(qwen):
+    """With every sequence slot taken (the long request and 5 short ones; max_num_seqs 6), the waiting requests wait
+    for a slot: giving blocks back would move chunks to host memory for nothing."""
+    full = run(qwen, TIGHT, max_num_seqs=6)
+    assert full["lent"] > 0 and full["returned"] == 0 and full["stats"]["demotions"] == 0
+    assert full["preempted"] == [] and full["free_after"] and full["reserved_after"] == 0

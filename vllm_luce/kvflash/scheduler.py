@@ -72,13 +72,17 @@ class KVFlashSchedulerMixin:
         if self.luce_admission is not None:
             if getattr(self, "_luce_host_starved", False):
                 self._luce_make_host_room()
-            if self.waiting and self.luce_admission.config.gpu_cold:
+            if self.waiting and self.luce_admission.config.gpu_cold and getattr(self, "_luce_short_of_blocks", False):
                 rows = self._luce_take_back()
         output = super().schedule(*args, **kwargs)
         if rows:
             from vllm_luce import hooks
 
             hooks.bind("vllm.v1.core.sched.output:SchedulerOutput.luce_cold_rows", output, rows)
+        # Requests left waiting with sequences and tokens to spare waited for blocks: the next step may take lent
+        # blocks back for them (waiting for a sequence or the token budget, they would gain nothing by it)
+        self._luce_short_of_blocks = bool(self.waiting) and len(self.running) < self.max_num_running_reqs and \
+            output.total_num_scheduled_tokens < self.max_num_scheduled_tokens
         if self.luce_admission is not None:
             from vllm_luce.kvflash.engine_tiers import report
 
