@@ -356,12 +356,8 @@ class RequestPager:
                 self.cold[chunk] = target
                 moves.append((target, source))
                 continue
-            read_host = getattr(self.store, "read_host", None)
-            data = read_host(source) if read_host else self.store.read(source).detach().to("cpu", copy=True)
             del self.cold[chunk]
-            self.host[chunk] = data
-            self.host_nbytes += _nbytes(data)
-            self.stats.bytes_out += _nbytes(data)
+            self._copy_to_host(chunk, source)
             demoted += 1
         if moves:  # sources beyond ``capacity``, targets free below it: no move reads another's target
             self.stats.moves += len(moves)
@@ -387,11 +383,15 @@ class RequestPager:
             self.dropped_chunks.add(chunk)
             self.summaries.pop(chunk, None)
             return
+        self._copy_to_host(chunk, position)
+        self.stats.page_outs += 1
+
+    def _copy_to_host(self, chunk: int, position: int) -> None:
+        """The chunk's bytes at store ``position`` into host memory (a page-out, or a cold chunk whose block goes)."""
         read_host = getattr(self.store, "read_host", None)
         data = read_host(position) if read_host else self.store.read(position).detach().to("cpu", copy=True)
         self.host[chunk] = data
         self.host_nbytes += _nbytes(data)
-        self.stats.page_outs += 1
         self.stats.bytes_out += _nbytes(data)
 
     def _reselect(self, policy, first_written: int) -> list[tuple[int, torch.Tensor | int]]:
