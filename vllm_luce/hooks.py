@@ -136,6 +136,10 @@ V2_TABLES, SPECULATOR = "vllm.v1.worker.gpu.block_table:BlockTables", \
 DFLASH_MODEL, BUILDER = "vllm.model_executor.models.qwen3_dflash:DFlashQwen3ForCausalLM", \
     "vllm.v1.attention.backend:AttentionMetadataBuilder"
 PLUGINS = ("vllm.plugins:load_general_plugins", "vllm.plugins:DEFAULT_PLUGINS_GROUP")
+# What KVFlash's binding probes the CPU backend's KV layout with (kvflash/cache_layout.py): the kernel, in
+# vllm._custom_ops before vLLM 0.34 and vllm._cpu_ops from it, and the kernel ISA it picks.
+CPU_LAYOUT = ("vllm._custom_ops:cpu_attn_reshape_and_cache", "vllm._cpu_ops:cpu_attn_reshape_and_cache",
+              "vllm.v1.attention.backends.cpu_attn:_get_attn_isa")
 
 # The classes vllm-luce sets as vLLM's scheduler_cls, by async_scheduling: the DFlash gate's (composed with KVFlash's
 # mixin in vllm_luce/schedulers.py, so the gate may replace KVFlash's) and KVFlash's alone (kvflash/scheduler.py).
@@ -202,6 +206,11 @@ PATCHES: dict[str, tuple[str, ...]] = {
     "vllm.entrypoints.openai.chat_completion.protocol:ChatCompletionRequest.to_sampling_params": (
         "PFlash", ENGINE_CLIENT_PFLASH, "mark tool and response-format requests, never compressed"),
     f"{ENGINE_ARGS}.from_cli_args": ("PFlash", STARTUP, "with PFlash on, add the usage middleware to `--middleware`"),
+    "vllm._cpu_ops:fused_sigmoid_gating_delta_rule_update_cpu": (
+        "DFlash", ON_IMPORT, "the same on vLLM 0.34, whose CPU ops moved to vllm._cpu_ops"),
+    "vllm.v1.worker.gpu_worker:Worker.extend_kv_cache": (
+        "KVFlash; PFlash", ON_IMPORT, "free the features' device budget once vLLM 0.34 has sized the KV cache",
+        "vllm.v1.worker.gpu_worker:Worker.model_runner", f"{V2_RUNNER}.kv_cache_config", f"{V2_RUNNER}.device"),
 }
 
 HOOKS: tuple[Hook, ...] = (
@@ -280,7 +289,9 @@ HOOKS: tuple[Hook, ...] = (
          f"{SD}.plain_steps_v2:set_graph_table", "DFlash",
          "on CUDA: draft lengths K and 0, so vLLM captures one-token decode graphs for the gate's plain steps",
          "set at install where no table was (a user's table is refused)",
-         "vLLM captures K = 0 graphs for dynamic speculation itself", runner=V2),
+         "vLLM captures K = 0 graphs for dynamic speculation itself", runner=V2,
+         checks=("vllm.config.speculative:SpeculativeConfig.num_speculative_tokens_per_batch_size",
+                 "vllm.config.vllm:VllmConfig.use_v2_model_runner")),
     # attribute rebindings (instance attributes of one scheduler, request or group, unless said otherwise)
     _row(REBINDING, "vllm.model_executor.models:<upstream model class>.__name__",
          f"{X}.executor:LuceExecutor.__init_subclass__", "executors",
@@ -418,9 +429,10 @@ HOOKS: tuple[Hook, ...] = (
          AFTER_CHECKS),
     _row(FEATURE, f"{V1_RUNNER}.initialize_kv_cache", f"{KV}.worker_v1:bind_v1", "KVFlash",
          "bind the pagers to the runner's KV cache, block table, builders and layers",
-         "called by the initialize_kv_cache patch with the runner and LuceConfig", KV_WORKER_HOOK, KV_CACHE_V1),
+         "called by the initialize_kv_cache patch with the runner and LuceConfig", KV_WORKER_HOOK, KV_CACHE_V1,
+         checks=(f"{V1_RUNNER}.initialize_kv_cache", *CPU_LAYOUT)),
     _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{KV}.worker_v2:bind_v2", "KVFlash",
-         "the same", "the same", KV_WORKER_HOOK, KV_CACHE_V2),
+         "the same", "the same", KV_WORKER_HOOK, KV_CACHE_V2, checks=(f"{V2_RUNNER}.initialize_kv_cache", *CPU_LAYOUT)),
     _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{SD}.plain_steps_v2:bind_v2", "DFlash",
          "plain steps write the drafter's context and skip its forward", "the same", V2_PLAIN_STEPS, KV_CACHE_V2),
     _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{V026}.context_stash_v2:bind_v2", "DFlash",

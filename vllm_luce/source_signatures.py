@@ -110,3 +110,20 @@ def in_tree(root: Path, target: str, _depth: int = 0) -> str | None:
     if isinstance(scope, (ast.FunctionDef, ast.AsyncFunctionDef)):
         return _format(scope)
     return CLASS if isinstance(scope, ast.ClassDef) else None
+
+
+def imported_vllm_modules(package: Path) -> dict[str, set[str]]:
+    """Each module of the package at ``package`` (its dotted name) -> the vLLM modules it imports, at its top or in a
+    function: ``import vllm.x`` names ``vllm.x``, ``from vllm.x import y`` names ``vllm.x`` (the snapshots record
+    whether each release has them)."""
+    found: dict[str, set[str]] = {}
+    for path in sorted(package.rglob("*.py")):
+        module = ".".join(path.relative_to(package.parent).with_suffix("").parts).removesuffix(".__init__")
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names.add(node.module)
+        found[module] = {n for n in names if n == "vllm" or n.startswith("vllm.")}
+    return found

@@ -12,6 +12,8 @@ from vllm_luce.hook_ledger import LEDGER
 
 SNAPSHOTS = Path(__file__).parent / "vllm_signatures"
 PATCHED = {e.target: e for e in LEDGER}
+IMPORTED = source_signatures.imported_vllm_modules(Path(__file__).resolve().parents[2] / "vllm_luce")
+V1_MODULE = "vllm.v1.worker.gpu_model_runner"  # Model Runner V1 (vLLM 0.34 has none)
 
 
 def snapshot_of(release: str) -> dict[str, str | None]:
@@ -36,11 +38,49 @@ def mismatches(snapshot: dict[str, str | None], series: str, rows=hooks.HOOKS) -
 @pytest.mark.parametrize("release", compat.SNAPSHOT_RELEASES)
 def test_every_hook_row_matches_the_release(release):
     snapshot = snapshot_of(release)
-    names = {e.target for e in LEDGER} | {name for row in hooks.HOOKS for name in row.checks}
+    names = {e.target for e in LEDGER} | {name for row in hooks.HOOKS for name in row.checks} | \
+        set().union(*IMPORTED.values())
     assert set(snapshot) == names, (f"run scripts/vllm_signatures.py {release}: the snapshot lacks "
                                     f"{sorted(names - set(snapshot))}, has stale {sorted(set(snapshot) - names)}")
     found = mismatches(snapshot, compat.series(release))
     assert not found, "\n".join(found)
+
+
+def left_alone(module: str, series: str, has_v1: bool) -> bool:
+    """Whether no code of vllm_luce ``module`` runs on a release: a Model Runner V1 binding (``*_v1``, the layout
+    rule) where the release has no V1, or the patch module of ledger entries all left alone in the series."""
+    entries = [e for e in LEDGER if e.module == module]
+    return (module.endswith("_v1") and not has_v1) or bool(entries) and all(e.signature_in(series) is None
+                                                                            for e in entries)
+
+
+def import_breaches(snapshot: dict[str, str | None], series: str, imported=None) -> list[str]:
+    """A module of vllm_luce that runs on the release and imports a vLLM module the release lacks; a Model Runner V1
+    row whose target a release without V1 has all the same (its bindings would run)."""
+    has_v1 = snapshot.get(V1_MODULE) is not None
+    found = [f"{module} imports {', '.join(sorted(missing))}, which vLLM {series} lacks"
+             for module, names in sorted((imported or IMPORTED).items())
+             if (missing := {n for n in names if snapshot[n] is None}) and not left_alone(module, series, has_v1)]
+    if not has_v1:
+        found += [f"the V1 row {row.target!r} binds {row.checks[0]}, which vLLM {series} has"
+                  for row in hooks.HOOKS if row.runner == hooks.V1 and snapshot[row.checks[0]] is not None]
+    return found
+
+
+@pytest.mark.parametrize("release", compat.SNAPSHOT_RELEASES)
+def test_no_module_that_runs_on_a_release_imports_a_vllm_module_it_lacks(release):
+    assert not import_breaches(snapshot_of(release), compat.series(release))
+
+
+def test_the_import_rule_catches_a_deleted_module_imported_where_it_runs():
+    snapshot = dict(snapshot_of("0.34.0"))
+    assert snapshot[V1_MODULE] is None and snapshot["vllm.v1.spec_decode.dflash"] is None
+    planted = {"vllm_luce.spec_decode.plain_steps_v2": {"vllm.v1.spec_decode.dflash"},
+               "vllm_luce.kvflash.worker_v1": {V1_MODULE}, "vllm_luce.patches.dflash_proposer_v1": {V1_MODULE}}
+    assert import_breaches(snapshot, "0.34", planted) == [
+        "vllm_luce.spec_decode.plain_steps_v2 imports vllm.v1.spec_decode.dflash, which vLLM 0.34 lacks"]
+    snapshot["vllm.v1.worker.block_table:BlockTable.compute_slot_mapping"] = "(self)"  # a V1 row's target kept
+    assert len(import_breaches(snapshot, "0.34", planted)) == 2
 
 
 def test_every_row_checks_a_vllm_name_and_every_recorded_name_is_checked():

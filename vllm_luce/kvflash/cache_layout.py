@@ -20,11 +20,20 @@ def layout_for_backend(backend_name: str) -> TokenLayout:
                               "(supported: CPU_ATTN, FLASH_ATTN, TRITON_ATTN, FLASHINFER)")
 
 
+def cpu_ops():
+    """vLLM's module of CPU ops: vllm._cpu_ops from vLLM 0.34, vllm._custom_ops before (the hook table checks
+    cpu_attn_reshape_and_cache in both per series)."""
+    import importlib
+    import importlib.util
+
+    return importlib.import_module("vllm._cpu_ops" if importlib.util.find_spec("vllm._cpu_ops") else "vllm._custom_ops")
+
+
 def probe_cpu_elements(isa: str, block: int, head: int, dtype: torch.dtype) -> torch.Tensor:
     """[block, 2 * head]: where vLLM's CPU kernel for ``isa`` puts token t's K (then V) elements inside
     one (block, KV head) region, found by writing probe values through the kernel itself. Each probe
     writes a digit below 128 (exact in bf16): K-or-V, t % 128, t // 128, d % 128, d // 128."""
-    from vllm import _custom_ops as ops
+    ops = cpu_ops()
 
     t = torch.arange(block)[:, None, None].expand(block, 1, head)
     d = torch.arange(head)[None, None, :].expand(block, 1, head)

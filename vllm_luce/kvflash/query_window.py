@@ -24,13 +24,17 @@ def push_queries(pager, queries: torch.Tensor, window: int, keep: int | None = N
     """``queries`` ``[n, layers, q_heads, head]`` of the request's latest ``n`` tokens, oldest first, the last of
     them at position ``pager.num_tokens - 1``: hold the last ``keep`` tokens' (``window`` by default; more when a
     verify step's drafts may be rejected, so that the window before the next decision is whole after
-    ``trim_queries``) with those held before when they adjoin, and set ``pager.queries`` to the last ``window``."""
+    ``trim_queries``) with those held before when they adjoin, and set ``pager.queries`` to the last ``window``.
+    What is held is the request's own copy: a view would keep the step's whole batch of queries alive on the device
+    (``device_budget.py`` counts each request's own)."""
     keep = max(keep or window, window)
     held, end = getattr(pager, "query_tokens", None), pager.num_tokens
     recent = queries[-keep:]
     adjoins = held is not None and getattr(pager, "query_end", None) == end - len(recent)
     if adjoins and len(recent) < keep and held.shape[1:] == recent.shape[1:]:
         recent = torch.cat([held[len(recent) - keep:], recent])
+    else:
+        recent = recent.clone()
     pager.query_tokens, pager.query_end, pager.query_window = recent, end, window
     _set_queries(pager)
 

@@ -36,6 +36,7 @@ import torch
 from vllm_luce import metrics
 from vllm_luce.kernels.scored_dims import ScoredDims
 from vllm_luce.kvflash.admission import AdmissionConfig
+from vllm_luce.kvflash.device_budget import DeviceNeeds, device_bytes
 from vllm_luce.kvflash.host_pool import PinnedChunkPool
 from vllm_luce.kvflash.kv_store import PagedPoolStore, copy_stream_for, to_device_async
 from vllm_luce.kvflash.pager import PagerConfig, RequestPager
@@ -185,6 +186,25 @@ class KVFlashRuntime:
             probe = SimpleNamespace(queries=queries, summaries={0: summary}, last_used={})
             dims = {"scored": self.policy.scored} if hasattr(self.policy, "scored") else {}
             type(self.policy)(**dims).scores(probe, [0])  # the policy's scored dims, but no collective
+
+    def device_bytes_after_sizing(self, capacity_blocks: int, q_heads: int | None) -> int:
+        """The most this runtime holds on the device once vLLM has sized the KV cache (``device_budget.py``), for a
+        cache of ``capacity_blocks`` blocks at most and ``q_heads`` query heads on this rank (None: as many as KV
+        heads)."""
+        if not self.caches:
+            return 0
+        store = self._new_store()
+        chunk_bytes = store.chunk_nbytes()
+        host = self.ledger.budget // (chunk_bytes * self.ranks) if self.ledger is not None and chunk_bytes else 0
+        kv_heads = self.caches[0].shape[1]
+        scored = getattr(self.policy, "scored", ScoredDims())
+        return device_bytes(DeviceNeeds(
+            policy=self.policy.name if getattr(self.policy, "needs_summaries", False) else "none",
+            selection=self.selection, layers=len(self.caches), kv_heads=kv_heads, q_heads=q_heads or kv_heads,
+            head=self.head_size, scored=scored.count(self.head_size), chunk_tokens=self.config.chunk_tokens,
+            pool_chunks=self.config.pool_chunks, chunk_bytes=chunk_bytes, block_size=self.block_size,
+            max_num_reqs=self.max_num_reqs, max_model_len=self.max_model_len, query_keep=self.query_keep,
+            capacity_blocks=capacity_blocks, host_chunks=0 if self.selection == "sfi" else host))
 
     def host_pool(self, shape: tuple[int, ...], dtype: torch.dtype) -> PinnedChunkPool:
         """The worker's pinned pool for chunks of ``shape``, shared by its requests and kept between them."""

@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import torch
 
+import importlib
+
 from vllm_luce.hook_ledger import ledger_signature
 from vllm_luce.patches import wrap_function
 
-TARGET = "vllm._custom_ops:fused_sigmoid_gating_delta_rule_update_cpu"
+NAME = "fused_sigmoid_gating_delta_rule_update_cpu"
+# The op's module per series (the ledger leaves the other alone): vllm._custom_ops through vLLM 0.33, vllm._cpu_ops,
+# the CPU ops' own module, from vLLM 0.34.
+TARGETS = (f"vllm._custom_ops:{NAME}", f"vllm._cpu_ops:{NAME}")
 IN_PLACE = "initial_state_source"
 
 
@@ -38,12 +43,15 @@ def _make_wrapper(original):
     return fused_sigmoid_gating_delta_rule_update_cpu
 
 
+def target_in_series() -> str | None:
+    """The op this vLLM series calls (the first of TARGETS the ledger does not leave alone), else None."""
+    return next((t for t in TARGETS if ledger_signature(t) is not None), None)
+
+
 def apply() -> bool:
     from vllm.platforms import current_platform
 
-    if not current_platform.is_cpu():
+    target = target_in_series()
+    if not current_platform.is_cpu() or target is None:
         return False
-    from vllm import _custom_ops
-
-    return wrap_function(_custom_ops, "fused_sigmoid_gating_delta_rule_update_cpu", ledger_signature(TARGET),
-                         _make_wrapper)
+    return wrap_function(importlib.import_module(target.split(":")[0]), NAME, ledger_signature(target), _make_wrapper)

@@ -14,7 +14,10 @@ def binding_wrapper(target: str):
 
     Not on a profiling call (``is_profiling``): V1 sizes its CUDA graphs' memory with a minimal KV cache first and
     the real one follows. Bound there too, every pooled layer captured its queries twice a step (a second gather
-    per layer in each decode graph), and a stale runtime kept its pinned host slab."""
+    per layer in each decode graph), and a stale runtime kept its pinned host slab.
+
+    On vLLM 0.34's extensible KV cache (``extensible``: sized later, after warm-up) the features' device memory for
+    after that sizing is then held (``device_reserve.hold``) until the extend_kv_cache patch frees it."""
 
     def make(original):
         @functools.wraps(original)
@@ -29,6 +32,10 @@ def binding_wrapper(target: str):
             for hook in hooks.features(target=target) + hooks.features(hooks.KV_CACHE_BOTH):
                 if getattr(luce, hook.feature.lower()).on_when_used():  # DFlash: on unless switched off
                     hook.function()(self, luce)
+            if kwargs.get("extensible", args[2] if len(args) > 2 else False):
+                from vllm_luce.patches import device_reserve
+
+                device_reserve.hold(self)
 
         return initialize_kv_cache
 

@@ -16,6 +16,7 @@ only its queries and keys.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +85,13 @@ class DrafterScorer:
         if self.device.type == "cuda":
             for length in self.WARM_UP_LENGTHS:
                 self.token_scores([t % self.spec.vocab_size for t in range(length)])
+
+    def peak_bytes(self, tokens: int) -> int:
+        """Device bytes a pass over a prompt of ``tokens`` tokens allocates at its peak beyond what the scorer holds,
+        measured by scoring a synthetic prompt of that length (on a GPU; elsewhere 0: no device budget to keep)."""
+        if self.device.type != "cuda" or tokens < 1:
+            return 0
+        return measured_peak(lambda: self.token_scores([t % self.spec.vocab_size for t in range(tokens)]), self.device)
 
     @torch.inference_mode()
     def token_scores(self, token_ids: list[int] | torch.Tensor) -> torch.Tensor:
@@ -167,6 +175,17 @@ class DrafterScorer:
         group = q.shape[1] // k.shape[1]
         qt, kt, vt = (t.transpose(0, 1)[None] for t in (q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)))
         return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)[0].transpose(0, 1)
+
+
+def measured_peak(run: Callable[[], object], device: torch.device, memory=torch.cuda) -> int:
+    """Bytes ``run`` allocates on ``device`` at its peak beyond what was allocated before it (``memory``: torch.cuda's
+    counters)."""
+    memory.synchronize(device)
+    before = memory.memory_allocated(device)
+    memory.reset_peak_memory_stats(device)
+    run()
+    memory.synchronize(device)
+    return max(0, memory.max_memory_allocated(device) - before)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -91,6 +91,18 @@ class PFlashService:
                 f"{self.scorer.num_layers} layers scored, attention {self.scorer.cfg.attention}, "
                 f"{'cross-tokenizer' if self.bridge else 'shared tokenizer'}), loaded in {self.load_s:.2f} s")
 
+    def device_bytes_after_sizing(self, max_tokens: int) -> int:
+        """What a scoring pass of the longest prompt (``max_tokens`` drafter tokens) takes on the device beyond the
+        drafter's weights, measured once (``DrafterScorer.peak_bytes``): passes run beside the engine's steps, after
+        vLLM has sized the KV cache. 0 off a GPU."""
+        if self.scorer.device.type != "cuda":
+            return 0
+        step = StartupStep("PFlash: measuring the device memory of a scoring pass", f"a prompt of {max_tokens} tokens")
+        with self._scoring:
+            found = self.scorer.peak_bytes(max_tokens)
+        step.done(f"PFlash: a scoring pass of {max_tokens} tokens takes {found / 2**30:.2f} GiB")
+        return found
+
     def compress(self, token_ids: list[int]) -> Compressed:
         """Compress now, in the caller's thread (the offline ``LLM``, which adds its requests one at a time, outside
         the queue); one pass runs at a time, this or a queued one."""

@@ -37,10 +37,11 @@ def graph_table(num_spec_tokens: int, max_num_seqs: int) -> list[tuple[int, int,
 
 
 def v2_on_cuda(vllm_config) -> bool:
-    """Model Runner V2 on CUDA without data parallelism (under which vLLM drops a draft-length table)."""
+    """Model Runner V2 on CUDA without data parallelism (under which vLLM drops a draft-length table). vLLM 0.34 has
+    no other runner and no ``use_v2_model_runner`` to ask."""
     from vllm.platforms import current_platform
 
-    return current_platform.is_cuda() and bool(vllm_config.use_v2_model_runner) \
+    return current_platform.is_cuda() and bool(getattr(vllm_config, "use_v2_model_runner", True)) \
         and vllm_config.parallel_config.data_parallel_size == 1
 
 
