@@ -3,6 +3,8 @@
 `register()` is vLLM's `vllm.general_plugins` entry point. vLLM calls it in every process
 (API server, engine core, each worker, and its model-inspection subprocess), so it is
 idempotent and cheap: a version check, lazy "module:Class" registrations and one patch.
+On a vLLM it does not support it registers nothing and patches nothing but the check that a
+configuration asks for no vllm-luce feature (``compat.stay_out``).
 """
 
 from __future__ import annotations
@@ -17,11 +19,24 @@ def register() -> None:
     if _registered:
         return
 
+    import os
+    import sys
+
     import vllm
 
-    from vllm_luce.compat import check_vllm_version
-    from vllm_luce.config import LuceConfig
+    from vllm_luce.compat import check_vllm_version, stay_out
     from vllm_luce.log import logger, tag
+
+    inactive = stay_out(vllm.__version__, os.environ, sys.argv)  # raises where this process asks for a feature
+    if inactive is not None:
+        from vllm_luce.patches.vllm_config import apply_guard
+
+        logger.warning("%s: %s", tag(), inactive)
+        apply_guard()  # a `luce` section in the config vLLM builds stops startup too
+        _registered = True
+        return
+
+    from vllm_luce.config import LuceConfig
     from vllm_luce.model_executor.registry import register_drafters, register_executors
     from vllm_luce.patches import apply_patches
 

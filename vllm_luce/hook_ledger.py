@@ -53,7 +53,9 @@ LEDGER: tuple[LedgerEntry, ...] = (
             "a typo in the `luce` settings would be ignored, or fail late inside a worker.",
         how="Wraps __post_init__: parses, validates and resolves LuceConfig before vLLM's own checks, so a bad "
             "key stops `vllm serve` / `LLM(...)` in the API-server process, and writes the resolved settings into "
-            "additional_config['luce_resolved'], which every process receives; then logs the active features.",
+            "additional_config['luce_resolved'], which every process receives; then logs the active features. On a "
+            "vLLM vllm-luce does not support, in place of every patch (compat.stay_out), the wrapper only stops "
+            "startup where a `luce` section switches a feature on, naming the supported releases.",
         remove_when="vLLM offers a config-validation hook for plugins (e.g. a `vllm.config_validators` "
                     "entry point) or an additional_config schema registry.",
     ),

@@ -51,3 +51,34 @@ def apply() -> bool:
 
     return wrap_method(VllmConfig, "__post_init__", ledger_signature("vllm.config.vllm:VllmConfig.__post_init__"),
                        _make_wrapper)
+
+
+def _make_guard(original):
+    @functools.wraps(original)
+    def __post_init__(self, *args, **kwargs) -> None:
+        import vllm
+
+        from vllm_luce import compat
+
+        if compat.asked_in_config(getattr(self, "additional_config", None)):
+            raise compat.refusal(vllm.__version__, ["the `luce` section of additional_config"])
+        original(self, *args, **kwargs)
+
+    return __post_init__
+
+
+def apply_guard(owner: type | None = None) -> bool:
+    """On a vLLM vllm-luce does not support, in place of every patch: ``owner.__post_init__`` (VllmConfig's) stops
+    when the config's additional_config asks for a feature and runs vLLM's code unchanged otherwise. Its signature is
+    not checked (a release the ledger has none for): the guard passes every argument through."""
+    if owner is None:
+        from vllm.config.vllm import VllmConfig as owner
+    if "__post_init__" not in owner.__dict__:
+        return False
+    from vllm_luce.source_signatures import of_function
+
+    try:
+        signature = of_function(owner.__dict__["__post_init__"])
+    except (OSError, TypeError):  # no source to read: vLLM runs alone, the command line and environment checked
+        return False
+    return wrap_method(owner, "__post_init__", signature, _make_guard)
