@@ -10,7 +10,13 @@
 * ``spec_rows_first_v1.py``: on Model Runner V1 with a hybrid target, the rows that verify drafts come first in the
   batch. vLLM 0.26's Gated DeltaNet layer gives them the gates of the batch's first tokens; from 0.32 their own.
 
-Nothing outside this package imports it or compares the vLLM series with 0.26 (tests/test_layout.py). It is reached
+Processes: the workers, where the bindings patch Model Runner V1 and V2 (``context_stash.py`` is the stash's pure
+core); ``context_stash_v2.check_setting`` also runs in the process that parses the configuration, so a setting the
+stash cannot serve stops startup.
+
+Import rule (tests/test_layout.py): a binding, the top layer; it may import the base packages, the features and
+the other bindings (today ``compat``, ``config``, ``hooks``, ``hook_ledger``, ``log``, ``patches`` and ``spec_decode``).
+Nothing outside this package imports it or compares the vLLM series with 0.26. It is reached
 only through rows of vllm_luce/hooks.py whose removal condition names vLLM 0.26; the feature installs resolve the
 stash to nothing on later series.
 
