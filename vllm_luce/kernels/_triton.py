@@ -32,6 +32,19 @@ def autotune(configs: list[triton.Config], key: list[str], **kwargs):
     return triton.autotune(configs=configs, key=key, **kwargs)
 
 
+# The one autotune list of the chunk kernels (chunk_mean, chunk_score, chunk_bounds, chunk_salient): the tile over
+# chunks (or tokens) and the warps, as (block, warps). The first is the one the CPU interpreter runs and a sound default
+# on GPUs; the autotuner picks among the rest by the kernel's key.
+CHUNK_TILES = ((32, 4), (64, 4), (16, 2), (64, 8), (128, 8))
+
+
+def chunk_configs(block: str, without: tuple[tuple[int, int], ...] = ()) -> list[triton.Config]:
+    """``CHUNK_TILES`` as Triton configs over the kernel's block parameter ``block``, less the (block, warps) pairs in
+    ``without``."""
+    return [triton.Config({block: size}, num_warps=warps)
+            for size, warps in CHUNK_TILES if (size, warps) not in without]
+
+
 # What the chunk summary and scoring kernels accept: floating caches and queries, head sizes up to 512.
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_HEAD_DIM = 512

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_luce.kernels._triton import autotune, is_interpreter
+from vllm_luce.kernels._triton import autotune, chunk_configs, is_interpreter
 
 _KEY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -27,14 +27,7 @@ _MAX_BLOCK_D = 128
 
 
 @autotune(
-    # The first config is the one the CPU interpreter runs; it is a sound default on GPUs too.
-    configs=[
-        triton.Config({"BLOCK_T": 32}, num_warps=4),
-        triton.Config({"BLOCK_T": 16}, num_warps=2),
-        triton.Config({"BLOCK_T": 64}, num_warps=4),
-        triton.Config({"BLOCK_T": 64}, num_warps=8),
-        triton.Config({"BLOCK_T": 128}, num_warps=8),
-    ],
+    configs=chunk_configs("BLOCK_T"),
     key=["chunk_size", "head_dim"],
 )
 @triton.jit

@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_luce.kernels._triton import FLOAT_DTYPES, MAX_HEAD_DIM, autotune, check_device, check_key_read, scores_out
+from vllm_luce.kernels._triton import (FLOAT_DTYPES, MAX_HEAD_DIM, autotune, check_device, check_key_read,
+                                      chunk_configs, scores_out)
 from vllm_luce.kernels.chunk_copy import LayerCaches
 from vllm_luce.kernels.chunk_salient.naive import KEYS, row_bytes
 from vllm_luce.kernels.scored_dims import ScoredDims
@@ -166,13 +167,7 @@ def _decoded(at, byte_ok, scale_at, stride_kb, chunk_ok):
 
 
 @autotune(
-    # The first config is the one the CPU interpreter runs.
-    configs=[
-        triton.Config({"BLOCK_C": 32}, num_warps=4),
-        triton.Config({"BLOCK_C": 64}, num_warps=4),
-        triton.Config({"BLOCK_C": 16}, num_warps=2),
-        triton.Config({"BLOCK_C": 128}, num_warps=8),
-    ],
+    configs=chunk_configs("BLOCK_C", without=((64, 8),)),
     key=["BLOCK_B", "group"],
 )
 # The chunk count varies per reselection: not specialized, so the variant the warm-up compiles (one chunk)

@@ -20,20 +20,14 @@ import torch
 import triton
 import triton.language as tl
 
-from vllm_luce.kernels._triton import FLOAT_DTYPES, MAX_HEAD_DIM, autotune, check_device, check_key_read, scores_out
+from vllm_luce.kernels._triton import (FLOAT_DTYPES, MAX_HEAD_DIM, autotune, check_device, check_key_read,
+                                      chunk_configs, scores_out)
 from vllm_luce.kernels.chunk_copy import LayerCaches
 
 
 
 @autotune(
-    # The first config is the one the CPU interpreter runs.
-    configs=[
-        triton.Config({"BLOCK_C": 32}, num_warps=4),
-        triton.Config({"BLOCK_C": 64}, num_warps=4),
-        triton.Config({"BLOCK_C": 16}, num_warps=2),
-        triton.Config({"BLOCK_C": 64}, num_warps=8),
-        triton.Config({"BLOCK_C": 128}, num_warps=8),
-    ],
+    configs=chunk_configs("BLOCK_C"),
     key=["BLOCK_D", "group"],
 )
 # The chunk count varies per reselection: not specialized, so the variant the warm-up compiles (one chunk)

@@ -40,9 +40,15 @@ def _row_block(rows: int) -> int:
     return max(_MIN_ROWS, min(_MAX_ROWS, triton.next_power_of_2(rows)))
 
 
-@autotune(configs=[triton.Config({"BLOCK_N": 64}, num_warps=4), triton.Config({"BLOCK_N": 128}, num_warps=8),
-                   triton.Config({"BLOCK_N": 32}, num_warps=4), triton.Config({"BLOCK_N": 128}, num_warps=4)],
-          key=["BLOCK_M", "BLOCK_D"])
+# Both kernels' autotune list over the tile of keys, as (block, warps); the first is the one the CPU interpreter runs.
+_KEY_TILES = ((64, 4), (128, 8), (32, 4), (128, 4))
+
+
+def _key_configs() -> list[triton.Config]:
+    return [triton.Config({"BLOCK_N": size}, num_warps=warps) for size, warps in _KEY_TILES]
+
+
+@autotune(configs=_key_configs(), key=["BLOCK_M", "BLOCK_D"])
 @triton.jit(do_not_specialize=["L", "S", "num_splits", "split_keys"])
 def _tail_stats_kernel(
     q_ptr, k_ptr, m_ptr, l_ptr,
@@ -112,9 +118,7 @@ def _tail_merge_kernel(m_ptr, l_ptr, lse_ptr, L, num_splits, BLOCK_L: tl.constex
     tl.store(lse_ptr + h * L + i, m + tl.log2(tl.where(ok, l, 1.0)), mask=ok)
 
 
-@autotune(configs=[triton.Config({"BLOCK_N": 64}, num_warps=4), triton.Config({"BLOCK_N": 128}, num_warps=8),
-                   triton.Config({"BLOCK_N": 128}, num_warps=4), triton.Config({"BLOCK_N": 32}, num_warps=4)],
-          key=["BLOCK_L", "BLOCK_D", "ACCUMULATE"])
+@autotune(configs=_key_configs(), key=["BLOCK_L", "BLOCK_D", "ACCUMULATE"])
 @triton.jit
 def _tail_scores_kernel(
     q_ptr, k_ptr, lse_ptr, out_ptr,
