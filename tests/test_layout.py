@@ -188,8 +188,8 @@ def package_imports(graph: dict[str, set[str]]) -> dict[str, set[str]]:
 # The layers of vllm_luce's packages, bottom up. A package imports only packages of its own layer or lower ones,
 # except that a feature imports no other feature: what two features share goes through a seam.
 BASE = {"version", "compat", "config", "log", "request_args", "overrides", "metrics", "kernels",
-        "hooks", "hook_ledger", "hook_overrides", "hook_signatures", "source_signatures",  # the touch table
-        "architectures", "checkpoint_headers"}
+        "hooks", "hook_ledger", "hook_overrides", "hook_signatures", "hook_reads",  # the touch table
+        "source_signatures", "architectures", "checkpoint_headers"}
 FEATURES = {"kvflash", "spec_decode", "pflash"}
 SEAMS = {"scorer_policy",  # KVFlash's scorer policy on PFlash's drafter (kvflash -> scorer_policy -> pflash)
          "schedulers"}  # the DFlash gate's scheduler classes, with KVFlash's mixin

@@ -9,10 +9,12 @@ that rely on it before recording the new value here.
 
 from __future__ import annotations
 
+from vllm_luce.hook_reads import EXPECTED_READS, PER_SERIES_READS
 from vllm_luce.source_signatures import ATTRIBUTE, CLASS
 
 # name -> what it is in vLLM 0.32
 EXPECTED: dict[str, str] = {
+    **EXPECTED_READS,
     "vllm.plugins:load_general_plugins":
         '()',
     "vllm.plugins:DEFAULT_PLUGINS_GROUP":
@@ -269,6 +271,7 @@ EXPECTED: dict[str, str] = {
 }
 # name -> {series: what it is there; None where that release lacks it}, where a series differs from 0.32
 PER_SERIES: dict[str, dict[str, str | None]] = {
+    **PER_SERIES_READS,
     # The message of an error finish reaches the client from 0.33 (0.32 has the class, unused there by the scheduler).
     "vllm.outputs:RequestError": {"0.26": None},
     # Called with (request, timestamp) only: the same in every series.

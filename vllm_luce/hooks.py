@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 from vllm_luce.hook_ledger import LEDGER, LedgerEntry
 from vllm_luce.hook_overrides import EXECUTOR_BASES, OVERRIDES
+from vllm_luce.hook_reads import KV_SCHEDULER_READS, KV_V1_READS, KV_V2_READS
 
 REGISTRY = "registry"
 CLASS_PATH = "class-path setting"
@@ -308,7 +309,9 @@ HOOKS: tuple[Hook, ...] = (
          f"{KV}.scheduler:KVFlashSchedulerMixin.__init__", "KVFlash",
          "so vLLM calls _mamba_block_aligned_split, the override that ends a paged request's steps at its decision "
          "positions",
-         "True on the scheduler, with paged KVFlash", KV_SCHEDULER_HOOK),
+         "True on the scheduler, with paged KVFlash; the same __init__ builds KVFlash's host admission from the "
+         "scheduler's KV cache managers (kvflash/engine_tiers.py)", KV_SCHEDULER_HOOK,
+         checks=(f"{SCHEDULER}.need_mamba_block_aligned_split", *KV_SCHEDULER_READS)),
     _row(REBINDING, f"{SCHEDULER}.running", f"{KV}.scheduler:KVFlashSchedulerMixin._luce_make_host_room", "KVFlash",
          "requests that wait for host memory only this engine's own requests hold, none of which ran in the step "
          "before, would wait for ever: one holder is preempted, the one vLLM would preempt first (FCFS: the last "
@@ -430,9 +433,10 @@ HOOKS: tuple[Hook, ...] = (
     _row(FEATURE, f"{V1_RUNNER}.initialize_kv_cache", f"{KV}.worker_v1:bind_v1", "KVFlash",
          "bind the pagers to the runner's KV cache, block table, builders and layers",
          "called by the initialize_kv_cache patch with the runner and LuceConfig", KV_WORKER_HOOK, KV_CACHE_V1,
-         checks=(f"{V1_RUNNER}.initialize_kv_cache", *CPU_LAYOUT)),
+         checks=(f"{V1_RUNNER}.initialize_kv_cache", *CPU_LAYOUT, *KV_V1_READS)),
     _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{KV}.worker_v2:bind_v2", "KVFlash",
-         "the same", "the same", KV_WORKER_HOOK, KV_CACHE_V2, checks=(f"{V2_RUNNER}.initialize_kv_cache", *CPU_LAYOUT)),
+         "the same", "the same", KV_WORKER_HOOK, KV_CACHE_V2,
+         checks=(f"{V2_RUNNER}.initialize_kv_cache", *CPU_LAYOUT, *KV_V2_READS)),
     _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{SD}.plain_steps_v2:bind_v2", "DFlash",
          "plain steps write the drafter's context and skip its forward", "the same", V2_PLAIN_STEPS, KV_CACHE_V2),
     _row(FEATURE, f"{V2_RUNNER}.initialize_kv_cache", f"{V026}.context_stash_v2:bind_v2", "DFlash",

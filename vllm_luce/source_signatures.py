@@ -65,9 +65,22 @@ def _assigned(scope: ast.AST, name: str) -> bool:
         targets = node.targets if isinstance(node, ast.Assign) else \
             [node.target] if isinstance(node, ast.AnnAssign) else []
         if any(isinstance(t, ast.Attribute) and t.attr == name and isinstance(t.value, ast.Name)
-               and t.value.id == "self" for t in targets):
+               and t.value.id == "self" for t in _unpacked(targets)):
             return True
     return False
+
+
+def _unpacked(targets: list[ast.expr]) -> list[ast.expr]:
+    """Assignment targets with tuple and list targets (``self.a, b = ...``) and starred ones opened."""
+    found: list[ast.expr] = []
+    for target in targets:
+        if isinstance(target, (ast.Tuple, ast.List)):
+            found += _unpacked(list(target.elts))
+        elif isinstance(target, ast.Starred):
+            found += _unpacked([target.value])
+        else:
+            found.append(target)
+    return found
 
 
 def in_tree(root: Path, target: str, _depth: int = 0) -> str | None:

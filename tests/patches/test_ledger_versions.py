@@ -178,6 +178,7 @@ def test_in_tree_tells_classes_attributes_and_modules(tmp_path):
                 def __init__(self):
                     self.state = {}
                     self.flag = True
+                    (self.groups, sizes), *self.rest = (([], 0), 1)  # unpacked, as vLLM's runners assign
 
             class Derived(Config):
                 pass
@@ -186,9 +187,10 @@ def test_in_tree_tells_classes_attributes_and_modules(tmp_path):
     assert source_signatures.in_tree(root, "pkg:Public") == source_signatures.CLASS  # a relative import followed
     assert source_signatures.in_tree(root, "pkg:REGISTRY") == source_signatures.ATTRIBUTE
     assert source_signatures.in_tree(root, "pkg.defs") == source_signatures.MODULE
-    for name in ("field", "flag", "state"):
+    for name in ("field", "flag", "state", "groups", "rest"):
         assert source_signatures.in_tree(root, f"pkg.defs:Derived.{name}") == source_signatures.ATTRIBUTE, name
     assert source_signatures.in_tree(root, "pkg.defs:Config.other") is None
+    assert source_signatures.in_tree(root, "pkg.defs:Config.sizes") is None  # a local of the method
 
 
 def test_of_function_reads_a_live_function_as_in_tree_reads_its_file(tmp_path, monkeypatch):
