@@ -131,13 +131,13 @@ def test_kvflash_pool_tokens_values(value, message):
 
 def test_kvflash_pool_checks_against_the_chunk_and_the_floor():
     from vllm_luce.kvflash.pager import KVFlashConfigError
-    from vllm_luce.kvflash.settings import pager_config_from
+    from vllm_luce.kvflash.plan import build_plan
 
-    assert pager_config_from(build({"kvflash": {}}).kvflash).pool_tokens == AUTO_POOL_TOKENS
+    assert build_plan(build({"kvflash": {}}).kvflash).pager.pool_tokens == AUTO_POOL_TOKENS
     with pytest.raises(KVFlashConfigError, match="pool_tokens: got 100; expected a positive multiple of chunk_tokens"):
-        pager_config_from(build({"kvflash": {"pool_tokens": 100}}).kvflash)
+        build_plan(build({"kvflash": {"pool_tokens": 100}}).kvflash)
     with pytest.raises(KVFlashConfigError, match="expected at least 768"):  # 1 sink + 4 recent + 1, of 128
-        pager_config_from(build({"kvflash": {"pool_tokens": 512, "chunk_tokens": 128}}).kvflash)
+        build_plan(build({"kvflash": {"pool_tokens": 512, "chunk_tokens": 128}}).kvflash)
 
 
 @pytest.mark.parametrize("chunk, pool", [(16, 4096), (64, 4096), (1024, 4096)])

@@ -168,14 +168,15 @@ def kvflash_lines(luce: LuceConfig, architectures: list[str], text: dict, max_mo
     if not kv.enabled:
         return ["kvflash: off"]
     speculative = SimpleNamespace(num_speculative_tokens=lookahead) if lookahead else None
-    cfg = check_kvflash(SimpleNamespace(model_config=SimpleNamespace(architectures=architectures),
-                                        speculative_config=speculative), luce)
+    plan = check_kvflash(SimpleNamespace(model_config=SimpleNamespace(architectures=architectures),
+                                         speculative_config=speculative), luce)
+    cfg = plan.pager
     lines = [f"kvflash: on, selection {kv.selection}, policy {kv.policy}, query_window {kv.query_window}",
              f"  pool_tokens: {cfg.pool_tokens}{' (auto)' if 'pool_tokens' in kv.auto else ''}: {cfg.pool_chunks} "
              f"chunks of {cfg.chunk_tokens} tokens, {cfg.sink_chunks} sink and {cfg.recent_tail_chunks} recent chunks "
              "always resident",
              "  prefix caching: off (a pooled request's KV is not a function of its prefix)"]
-    if kv.selection == "sfi":
+    if plan.sfi:
         return lines + ["  SFI: every block stays resident; decode attends to the pool, no host memory is used"]
     lines.append(f"  step budget: at most {cfg.max_step_tokens} tokens a step (the scheduler's token budget and "
                  "long_prefill_token_threshold are capped to it)")

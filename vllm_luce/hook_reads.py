@@ -26,7 +26,9 @@ KV_V1_READS = (*KV_READS, *(f"{V1_RUNNER}.{n}" for n in ("compilation_config", "
 KV_V2_READS = (*KV_READS, *(f"{V2_RUNNER}.{n}" for n in ("compilation_config", "block_tables", "attn_groups",
                                                           "req_states", "speculator", "get_model")),
                f"{V2_TABLES}.block_sizes", f"{V2_TABLES}.max_num_reqs",
-               *(f"{V2_STATES}.{n}" for n in ("index_to_req_id", "req_id_to_index", "prompt_len")),
+               # with the scorer policy, a request's token ids come from its state (worker_v2.py)
+               *(f"{V2_STATES}.{n}" for n in ("index_to_req_id", "req_id_to_index", "prompt_len", "all_token_ids",
+                                               "total_len")),
                *(f"{V2_BATCH}.{n}" for n in ("idx_mapping", "idx_mapping_np", "num_reqs", "req_ids",
                                               "query_start_loc_np", "num_computed_tokens_np")))
 KV_SCHEDULER_READS = (*(f"{SCHEDULER}.{n}" for n in ("kv_cache_manager", "kv_cache_config", "vllm_config",

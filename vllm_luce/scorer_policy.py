@@ -1,6 +1,6 @@
 """KVFlash's drafter-scorer policy (``luce.kvflash.policy: scorer``), the seam where KVFlash uses PFlash: PFlash's
 drafter scores the request's context and each KVFlash chunk gets the mean importance of its tokens (no vLLM import).
-KVFlash's V1 binding (``kvflash/worker_v1.py``) asks ``drafter_scorer`` for it.
+KVFlash's runtime assembly (``kvflash/worker.py``) asks ``drafter_scorer`` for it, on either model runner.
 
 PFlash's lexical anchors rank first, as in PFlash's selection: a chunk holding an exact 4-gram of
 the context's last 96 tokens (the question and what has been generated since), found at most 8 times
@@ -56,8 +56,10 @@ class DrafterChunkScorer:
         self.cache.pop(req_id, None)
 
 
-def drafter_scorer(runner, luce, cfg) -> DrafterChunkScorer:
-    """PFlash's drafter (loaded on this runner first) scoring each request's context for KVFlash's pager."""
+def drafter_scorer(runner, luce, cfg, tokens_of: Callable[[str], tuple[list[int], int]]) -> DrafterChunkScorer:
+    """PFlash's drafter (loaded on this runner first) scoring each request's context for KVFlash's pager;
+    ``tokens_of(req_id)``: the request's prompt and output token ids and its prompt length, read by the runner's
+    binding from that runner's request states."""
     from vllm_luce.pflash.worker import bind as bind_pflash
 
     bind_pflash(runner, luce)
@@ -65,11 +67,5 @@ def drafter_scorer(runner, luce, cfg) -> DrafterChunkScorer:
     if service is None:  # not rank 0: every rank would need the same scores
         raise RuntimeError("luce.kvflash.policy 'scorer' with tensor/pipeline parallelism is not supported yet; "
                            "use 'qk'")
-
-    def tokens_of(req_id: str) -> tuple[list[int], int]:
-        state = runner.requests[req_id]
-        prompt = list(state.prompt_token_ids or [])
-        return prompt + list(state.output_token_ids), len(prompt)
-
     return DrafterChunkScorer(service.scorer.token_scores, tokens_of, cfg.chunk_tokens,
                               refresh_tokens=max(cfg.pool_tokens // 2, 256))

@@ -6,7 +6,7 @@ import pytest
 
 from vllm_luce.config import LuceConfig, LuceConfigError
 from vllm_luce.kvflash.install import install_kvflash
-from vllm_luce.kvflash.settings import pager_config_from
+from vllm_luce.kvflash.plan import build_plan
 
 
 def vllm_config(batched=16384, scheduled=None, threshold=0, spec_tokens=None, scheduler_cls=None, async_scheduling=False):
@@ -23,7 +23,7 @@ def luce(pool=384):
 @pytest.mark.parametrize("scheduled", [None, 2048, 100])
 def test_step_budget_is_capped_and_buffers_keep_their_size(scheduled):
     config, settings = vllm_config(scheduled=scheduled), luce()
-    step = pager_config_from(settings.kvflash).max_step_tokens
+    step = build_plan(settings.kvflash).pager.max_step_tokens
     assert "step <= 192 tokens" in install_kvflash(config, settings) and step == 192
     sched = config.scheduler_config
     assert sched.max_num_batched_tokens == 16384  # CUDA graph sizes and draft slots were laid out from it

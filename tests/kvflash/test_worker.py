@@ -26,7 +26,7 @@ class Inner:  # vLLM's builder: what it is given is what attention reads
 
 
 def runtime(resident: list[int], step_requests: int, max_num_reqs: int = 8):
-    rt = SimpleNamespace(resident_lens=torch.zeros(max_num_reqs, dtype=torch.int32), selection="page",
+    rt = SimpleNamespace(resident_lens=torch.zeros(max_num_reqs, dtype=torch.int32), sfi=False,
                          skip_blocks=torch.zeros(max_num_reqs, dtype=torch.int64), _buffers={},
                          max_num_reqs=max_num_reqs, config=SimpleNamespace(pool_tokens=64),
                          step_req_ids=[f"r{i}" for i in range(step_requests)])

@@ -292,3 +292,40 @@ def test_a_row_the_scheduler_cuts_moves_its_cold_chunks_out_bit_exact_before_the
     assert all(p < 8 for p in pager.cold.values()) and pager.stats.lost == 0
     for position in [*range(len(pager.resident)), *pager.cold.values()]:  # nothing of theirs read back
         assert not pager.store.read(position).isnan().any()
+
+
+def test_v2_binding_with_policy_scorer_scores_the_chunks_with_the_drafter_over_v2s_request_states(monkeypatch):
+    """policy 'scorer' on Model Runner V2: the runtime is assembled as on V1, with PFlash's drafter scorer, whose token
+    ids come from V2's request states (all_token_ids up to total_len, prompt_len); the chunk it scores highest stays
+    resident while the prompt pages out. The drafter is a stand-in that scores one chunk's tokens above the rest."""
+    from vllm_luce.kvflash.worker_v2 import bind_v2
+    from vllm_luce.pflash import worker as pflash_worker
+
+    tokens = 1000 + torch.arange(4000, dtype=torch.int32)
+    scored = []
+
+    def token_scores(ids):
+        scored.append(list(ids))
+        return torch.tensor([1.0 if 192 <= i < 256 else 0.0 for i in range(len(ids))])  # chunk 3
+
+    def load_drafter(runner, luce):
+        runner.luce_pflash = SimpleNamespace(scorer=SimpleNamespace(token_scores=token_scores))
+
+    monkeypatch.setattr(pflash_worker, "bind", load_drafter)
+    runner, finished = fake_runner()
+    all_token_ids = torch.zeros(4, 4096, dtype=torch.int32)
+    all_token_ids[2, :4000] = tokens
+    runner.req_states.all_token_ids = SimpleNamespace(gpu=all_token_ids)
+    runner.req_states.total_len = SimpleNamespace(gpu=torch.tensor([0, 0, 4000, 0], dtype=torch.int32))
+    luce = LuceConfig.from_sources({"luce": {"kvflash": {"pool_tokens": POOL, "policy": "scorer"},
+                                             "pflash": {"drafter": "/a/drafter"}}}, {})
+    runtime = bind_v2(runner, luce)
+    assert runtime.policy.name == "scorer"
+    runner.block_tables.append_block_ids(2, ([1], [9, 4, 12]), overwrite=False)
+    for start in range(0, 1000, 100):
+        step(runner, start, 100)
+    pager = runtime.pagers["r"]
+    assert scored and scored[0] == tokens.tolist()  # the whole prompt, read from V2's states
+    assert pager.stats.page_outs > 0 and 3 in pager.resident and 2 not in pager.resident, pager.resident
+    runner.finish_requests(SimpleNamespace(finished_req_ids={"r"}, preempted_req_ids=None))
+    assert finished and not runtime.pagers

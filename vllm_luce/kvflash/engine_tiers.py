@@ -15,7 +15,8 @@ from vllm_luce import metrics
 from vllm_luce.metrics.store import DIR_ENV
 from vllm_luce.kvflash.admission import AdmissionConfig, HostAdmission
 from vllm_luce.kvflash.host_ledger import engine_tag, open_ledger, sharing_unknown
-from vllm_luce.kvflash.settings import ledger_path, longest_page_out, pager_config_from, resolve_request_bytes
+from vllm_luce.kvflash.plan import KVFlashPlan
+from vllm_luce.kvflash.settings import ledger_path, longest_page_out, resolve_request_bytes
 from vllm_luce.log import logger, tag
 
 # Free KV blocks never lent to cold chunks, as a share of the cache: other requests' pools are admitted from them.
@@ -37,15 +38,15 @@ def chunk_bytes_per_rank(spec, layers: int, chunk_tokens: int) -> int:
         0, dtype=spec.dtype).element_size()
 
 
-def build_admission(scheduler, luce) -> HostAdmission | None:
-    """The engine's admission for its KVFlash managers (None without a pooled group)."""
+def build_admission(scheduler, luce, plan: KVFlashPlan) -> HostAdmission | None:
+    """The engine's admission for its KVFlash managers (None without a pooled group), for the scheduler's plan."""
     from vllm_luce.kvflash.spec import KVFlashManager
 
     managers = [m for m in scheduler.kv_cache_manager.coordinator.single_type_managers if isinstance(m, KVFlashManager)]
     if not managers:
         return None
     kv, vllm_config = luce.kvflash, scheduler.vllm_config
-    cfg = pager_config_from(kv)
+    cfg = plan.pager
     group = scheduler.kv_cache_config.kv_cache_groups[managers[0].kv_cache_group_id]
     ranks = vllm_config.parallel_config.tensor_parallel_size
     chunk_bytes = ranks * chunk_bytes_per_rank(group.kv_cache_spec, len(group.layer_names), cfg.chunk_tokens)

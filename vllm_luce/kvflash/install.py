@@ -22,8 +22,8 @@ from typing import Any
 from vllm_luce import hooks, overrides
 from vllm_luce.config import LuceConfig, LuceConfigError
 from vllm_luce.hooks import GATED_SCHEDULERS, KVFLASH_SCHEDULERS, SCHEDULER_CLS, VLLM_DEFAULT_SCHEDULERS
-from vllm_luce.kvflash.pager import KVFlashConfigError, PagerConfig
-from vllm_luce.kvflash.settings import pager_config_from
+from vllm_luce.kvflash.pager import KVFlashConfigError
+from vllm_luce.kvflash.plan import KVFlashPlan, plan_of
 
 
 def before_vllm_checks(vllm_config: Any, luce: LuceConfig) -> None:
@@ -38,9 +38,10 @@ def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
     kv = luce.kvflash
     if not kv.enabled:
         return None
-    cfg = check_kvflash(vllm_config, luce)
-    if kv.selection == "sfi":  # all KV resident and prefill dense: the scheduler is unchanged
-        return f"SFI: decode attends to {cfg.pool_tokens} tokens (chunks of {cfg.chunk_tokens}), policy {kv.policy}"
+    plan = check_kvflash(vllm_config, luce)
+    cfg = plan.pager
+    if plan.sfi:  # all KV resident and prefill dense: the scheduler is unchanged
+        return f"SFI: decode attends to {cfg.pool_tokens} tokens (chunks of {cfg.chunk_tokens}), policy {plan.policy}"
     sched = vllm_config.scheduler_config
     step = cfg.max_step_tokens
     _install_scheduler(sched)
@@ -50,34 +51,22 @@ def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
     if not sched.long_prefill_token_threshold or sched.long_prefill_token_threshold > step:
         overrides.warn(overrides.LONG_PREFILL, sched.long_prefill_token_threshold or "0 (no cap)", step)
         hooks.bind("vllm.config.scheduler:SchedulerConfig.long_prefill_token_threshold", sched, step)
-    return f"pool {cfg.pool_tokens} tokens, chunks of {cfg.chunk_tokens}, policy {kv.policy}, step <= {step} tokens"
+    return f"pool {cfg.pool_tokens} tokens, chunks of {cfg.chunk_tokens}, policy {plan.policy}, step <= {step} tokens"
 
 
-def check_kvflash(vllm_config: Any, luce: LuceConfig) -> PagerConfig:
+def check_kvflash(vllm_config: Any, luce: LuceConfig) -> KVFlashPlan:
     """Every check of the KVFlash settings against the model and speculation, changing nothing (``vllm-luce check``
-    runs it too): the policy's needs, the architecture, the pool, and in page mode a step's tokens within the pool."""
+    runs it too): the scorer's drafter, the architecture, then the plan (``plan.py``: the pool, the policy's
+    selection, and in page mode a step's tokens within the pool), which it returns."""
     kv = luce.kvflash
     if kv.policy == "scorer" and not (luce.pflash.enabled and luce.pflash.drafter):
         raise LuceConfigError("luce.kvflash.policy: got 'scorer'; the drafter scorer is PFlash's, so it needs "
                               "luce.pflash with a drafter (e.g. {\"pflash\": {\"drafter\": PATH}}); or use 'qk' or 'lru'")
-    if kv.policy == "attention" and kv.selection != "sfi":
-        raise LuceConfigError("luce.kvflash.policy: got 'attention'; it reads every chunk's keys, which only "
-                              "selection 'sfi' keeps resident (page mode keeps cold chunks on the host): set "
-                              "luce.kvflash.selection to 'sfi', or use 'qk'")
     check_architecture(vllm_config)
     try:
-        cfg = pager_config_from(kv)
+        return plan_of(luce, vllm_config)
     except KVFlashConfigError as e:
         raise LuceConfigError(str(e)) from None
-    if kv.selection == "sfi":
-        return cfg
-    spec = getattr(vllm_config, "speculative_config", None)
-    lookahead = (getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
-    if cfg.max_step_tokens <= lookahead:
-        raise LuceConfigError(f"luce.kvflash.pool_tokens: got {cfg.pool_tokens}; a step writes up to "
-                              f"{lookahead + 1} tokens with speculation, so the pool needs at least "
-                              f"{(lookahead + 1 + (cfg.sink_chunks + 2) * cfg.chunk_tokens)} tokens")
-    return cfg
 
 
 def check_architecture(vllm_config: Any) -> None:

@@ -6,7 +6,7 @@ Per step, before the forward (``plan``):
   * those become the slot mapping of the pooled KV cache group (the new K/V land in the pool);
   * the group's attention metadata gets ``seq_lens`` = resident tokens, so vLLM's own paged
     attention reads exactly the compacted pool (``pager.py``).
-With ``selection: "sfi"`` a ``RequestSelection`` (``sfi.py``) stands in for the pager: all KV stays
+With selection ``sfi`` a ``RequestSelection`` (``sfi.py``) stands in for the pager: all KV stays
 resident and a fast step's attention reads a suffix of the request's block row (the builder drops
 the row's first ``skipped_tokens() // block_size`` blocks).
 After the forward, the pooled layers' queries of each request's last token (and, in steps with several
@@ -41,6 +41,7 @@ from vllm_luce.kvflash.host_pool import PinnedChunkPool
 from vllm_luce.kvflash.kv_store import PagedPoolStore, copy_stream_for, to_device_async
 from vllm_luce.kvflash.pager import PagerConfig, RequestPager
 from vllm_luce.kvflash.pool_store import PagerStats, summarize
+from vllm_luce.kvflash.plan import SFI
 from vllm_luce.kvflash.policies import make_policy
 from vllm_luce.kvflash.query_window import push_queries, window_rows
 from vllm_luce.kvflash.settings import longest_page_out, resolve_pinned_bytes, resolve_request_bytes
@@ -89,21 +90,26 @@ class KVFlashRuntime:
         self.host_request, self.ranks = host_request, ranks  # luce.kvflash.host_request_bytes; the engine's workers
         self.max_model_len = max_model_len
         # what the scheduler's admission reserves host memory by (``admission.py``): chunks, whatever their bytes
-        self.audit = audit  # audit.Audit with luce.kvflash.audit (Model Runner V1), else None
+        self.audit = audit  # audit.Audit with luce.kvflash.audit where the runner's binding audits (V1), else None
         self.tiers = AdmissionConfig(chunk_tokens=config.chunk_tokens, pool_chunks=config.pool_chunks,
                                      block_size=block_size, chunk_bytes=0, request_bytes=0)
+
+    @property
+    def sfi(self) -> bool:
+        """Selection 'sfi' (``plan.KVFlashPlan.sfi``): every block resident, decode attends to the pool."""
+        return self.selection == SFI
 
     def pager(self, req_id: str) -> RequestPager | RequestSelection:
         pager = self.pagers.get(req_id)
         if pager is None:
             store = self._new_store()
-            if self.selection == "sfi":
+            if self.sfi:
                 pager = RequestSelection(self.config, store, align_tokens=self.block_size)
             else:
                 pager = RequestPager(self.config, store)
             self.pagers[req_id] = pager
             pager.req_id = req_id
-            if self.host_budget is not None and self.selection != "sfi":  # SFI pages nothing out
+            if self.host_budget is not None and not self.sfi:  # SFI pages nothing out
                 pager.host_allowance = functools.partial(self._host_allowance, pager)
         return pager
 
@@ -117,7 +123,7 @@ class KVFlashRuntime:
         chunk of vLLM's null block (block 0) out and back in, and summarise and score it as the policy does
         (``q_heads``: this rank's query heads), so that the first long prompt does not compile the paging and scoring
         kernels (vLLM's JIT monitor caught the salient kernel compiling on the first request)."""
-        if not self.caches or self.caches[0].device.type != "cuda" or self.selection == "sfi":
+        if not self.caches or self.caches[0].device.type != "cuda" or self.sfi:
             return
         store = self._new_store()
         store.row = np.zeros(-(-self.config.chunk_tokens // self.block_size), dtype=np.int64)
@@ -204,7 +210,7 @@ class KVFlashRuntime:
             head=self.head_size, scored=scored.count(self.head_size), chunk_tokens=self.config.chunk_tokens,
             pool_chunks=self.config.pool_chunks, chunk_bytes=chunk_bytes, block_size=self.block_size,
             max_num_reqs=self.max_num_reqs, max_model_len=self.max_model_len, query_keep=self.query_keep,
-            capacity_blocks=capacity_blocks, host_chunks=0 if self.selection == "sfi" else host))
+            capacity_blocks=capacity_blocks, host_chunks=0 if self.sfi else host))
 
     def host_pool(self, shape: tuple[int, ...], dtype: torch.dtype) -> PinnedChunkPool:
         """The worker's pinned pool for chunks of ``shape``, shared by its requests and kept between them."""
@@ -241,7 +247,7 @@ class KVFlashRuntime:
                 pager.prompt_tokens = int(num_prompt_tokens[r])
                 offsets = pager.prepare(start, hi - lo, self.policy, decoded=decoded, prompt_end=prompt_end)
                 slots[lo:hi] = pager.store.slots(offsets)
-                if self.selection != "sfi":  # what the scheduler reserved for its length and block row
+                if not self.sfi:  # what the scheduler reserved for its length and block row
                     room = max(pager.num_tokens, pager.room_tokens)
                     pager.check_host_reservation(self.tiers.host_chunks(room, len(pager.store.row)))
             self.resident_lens[r] = pager.resident_tokens()

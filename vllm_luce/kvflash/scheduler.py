@@ -25,12 +25,13 @@ class KVFlashSchedulerMixin:
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         from vllm_luce.config import LuceConfig
-        from vllm_luce.kvflash.settings import pager_config_from, resident_cap_tokens
+        from vllm_luce.kvflash.plan import plan_of
 
         luce = LuceConfig.from_vllm_config(self.vllm_config)
+        plan = plan_of(luce, self.vllm_config) if luce.kvflash.enabled else None
         # the pool size in tokens when paged KVFlash is on, else None
-        self._luce_pool_tokens = (resident_cap_tokens(luce.kvflash) or None) if luce.kvflash.enabled else None
-        self._luce_pager = pager_config_from(luce.kvflash) if self._luce_pool_tokens is not None else None
+        self._luce_pool_tokens = plan.pager.pool_tokens if plan is not None and plan.pages else None
+        self._luce_pager = plan.pager if self._luce_pool_tokens is not None else None
         self._luce_vllm_aligns = self.need_mamba_block_aligned_split
         self.luce_admission = None
         if self._luce_pool_tokens is not None:
@@ -41,7 +42,7 @@ class KVFlashSchedulerMixin:
             from vllm_luce.kvflash.engine_tiers import build_admission
 
             hooks.bind("vllm.v1.core.sched.scheduler:Scheduler.need_mamba_block_aligned_split", self, True)
-            self.luce_admission = build_admission(self, luce)
+            self.luce_admission = build_admission(self, luce, plan)
             parallel = self.vllm_config.parallel_config
             self._luce_tier_labels = {"model_name": metrics.model_name(self.vllm_config),
                                       "engine": getattr(parallel, "data_parallel_rank", 0)}

@@ -1,23 +1,10 @@
-"""KVFlash settings derived from the resolved LuceConfig and what a process knows of the host and model (pure)."""
+"""KVFlash settings derived from the resolved LuceConfig and what a process knows of the host and model (pure); the
+plan every process shares is ``plan.py``'s."""
 
 from __future__ import annotations
 
 import os
 import tempfile
-
-from vllm_luce.kvflash.pager import PagerConfig
-
-
-def pager_config_from(kvflash) -> PagerConfig:
-    """Validates the pool against the chunk and the floor (a KVFlashConfigError names the key)."""
-    return PagerConfig(pool_tokens=kvflash.pool_tokens, chunk_tokens=kvflash.chunk_tokens,
-                       sink_chunks=kvflash.sink_chunks, recent_chunks=kvflash.recent_chunks)
-
-
-def resident_cap_tokens(kvflash) -> int:
-    """The most full-attention tokens a request keeps in vLLM's KV blocks: the pool with paging; 0 (no cap) with
-    SFI, which keeps every block resident and applies the pool as the decode steps' attention budget."""
-    return 0 if kvflash.selection == "sfi" else kvflash.pool_tokens
 
 
 def longest_page_out(max_model_len: int, pool_tokens: int, chunk_tokens: int, chunk_bytes: int) -> int:

@@ -1,20 +1,26 @@
 """KVFlash's worker side, what the bindings to vLLM's two model runners share: the runtime (``runtime.py``) plans each
 step, and ``worker_v1.py`` (Model Runner V1, and the CPU runner built on it) and ``worker_v2.py`` (Model Runner V2)
-bind it to the runner's objects after ``initialize_kv_cache``. Both use what is here: the pooled KV cache group, the
-attention metadata builders' wrapper (``PooledBuilder``: attention and CUDA graph capture read the resident lengths),
-the pooled layers' query capture, the salient policy's scored dims, the runtime's options and the TP reduction.
+bind it to the runner's objects after ``initialize_kv_cache``. Both use what is here: the pooled KV cache group, one
+runtime assembly (``assemble_runtime``: each binding describes its runner in a ``RunnerView``, and the plan, caches,
+policy scorer, audit and options are put together alike), the attention metadata builders' wrapper (``PooledBuilder``:
+attention and CUDA graph capture read the resident lengths), the pooled layers' query capture, the salient policy's
+scored dims and the TP reduction.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 import torch
 
 from vllm_luce import hooks, metrics
 from vllm_luce.kernels.scored_dims import FAST_PAIRS, ScoredDims
+from vllm_luce.kvflash.audit import Audit
+from vllm_luce.kvflash.cache_layout import cache_layout
 from vllm_luce.kvflash.kv_store import to_device_async
+from vllm_luce.kvflash.plan import KVFlashPlan, plan_of
 from vllm_luce.kvflash.runtime import KVFlashRuntime
 from vllm_luce.kvflash.settings import ledger_path
 
@@ -91,8 +97,41 @@ def _rotation(rotary) -> tuple[int, int, bool, int] | None:
     return rotated, head, bool(getattr(rotary, "is_neox_style", True)), pairs
 
 
-def runtime_options(vllm_config, luce) -> dict:
-    """The host ledger, budget and metric labels of this worker (shared by the V1 and V2 bindings). The scheduler
+@dataclass(frozen=True)
+class RunnerView:
+    """What the runtime's assembly needs of one model runner that V1 and V2 keep in different places."""
+
+    gid: int  # the pooled KV cache group
+    block_size: int  # of the pooled group's block table
+    max_num_reqs: int
+    tokens_of: Callable[[str], tuple[list[int], int]]  # request -> (prompt and output token ids, prompt length)
+    audits: bool  # the block ownership audit reads this runner's block tables (audit.py)
+
+
+def assemble_runtime(runner, luce, view: RunnerView) -> KVFlashRuntime:
+    """KVFlash's runtime for one runner, put together alike for V1 and V2: the plan (``plan.py``), the pooled layers'
+    caches and layout, the policy (with PFlash's drafter scoring for 'scorer'), the audit and the worker's options."""
+    plan = plan_of(luce, runner.vllm_config)
+    group = runner.kv_cache_config.kv_cache_groups[view.gid]
+    forward_context = runner.compilation_config.static_forward_context
+    caches = [forward_context[name].kv_cache for name in group.layer_names]
+    caches = [c[0] if isinstance(c, list) else c for c in caches]
+    layout = cache_layout(runner.attn_groups[view.gid][0].backend.get_name(), forward_context[group.layer_names[0]],
+                          group.kv_cache_spec, caches[0].shape[2])
+    scorer = None
+    if plan.scorer:
+        from vllm_luce.scorer_policy import drafter_scorer
+
+        scorer = drafter_scorer(runner, luce, plan.pager, view.tokens_of)
+    return KVFlashRuntime(plan.pager, plan.policy, caches, layout, group.kv_cache_spec.head_size, view.block_size,
+                          view.max_num_reqs, scorer=scorer, reduce_max=tp_reduce_max(),
+                          scored_dims=scored_dims(runner.get_model(), group.layer_names),
+                          audit=Audit() if plan.audit and view.audits else None,
+                          **runtime_options(runner.vllm_config, luce, plan))
+
+
+def runtime_options(vllm_config, luce, plan: KVFlashPlan) -> dict:
+    """The plan's selection and query window, and this worker's host ledger, budget and metric labels. The scheduler
     keeps paged-out KV within the host's budget (``admission.py``); with host_full 'drop' each worker drops chunks
     beyond its share of it instead."""
     from vllm.distributed import get_tensor_model_parallel_rank
@@ -105,20 +144,14 @@ def runtime_options(vllm_config, luce) -> dict:
         rank = get_tensor_model_parallel_rank()
     except (AssertionError, RuntimeError):  # no parallel state (unit tests)
         rank = 0
-    ledger = open_ledger(ledger_path(kv.host_ledger), kv.host_bytes) if kv.selection == "page" else None
+    ledger = open_ledger(ledger_path(kv.host_ledger), kv.host_bytes) if plan.pages else None
     local_ranks = parallel.tensor_parallel_size * parallel.pipeline_parallel_size
     drop_budget = ledger.budget // local_ranks if ledger is not None and kv.host_full == "drop" else None
     return {"host_budget": drop_budget, "ledger": ledger, "engine": engine_of(vllm_config),
             "host_pinned": kv.host_pinned_bytes, "host_request": kv.host_request_bytes, "ranks": local_ranks,
             "max_model_len": vllm_config.model_config.max_model_len,
-            "selection": kv.selection, "query_window": kv.query_window, "draft_tokens": draft_tokens(vllm_config),
+            "selection": plan.selection, "query_window": plan.query_window, "draft_tokens": plan.draft_tokens,
             "metric_labels": {"model_name": metrics.model_name(vllm_config), "rank": rank}}
-
-
-def draft_tokens(vllm_config) -> int:
-    """The most draft tokens a verify step holds for a request (0 without speculative decoding)."""
-    spec = getattr(vllm_config, "speculative_config", None)
-    return int(getattr(spec, "num_speculative_tokens", 0) or 0) if spec is not None else 0
 
 
 def first_positions(query_start_loc: np.ndarray, positions: torch.Tensor) -> np.ndarray:
@@ -149,7 +182,7 @@ class PooledBuilder:
         live = n if capture else min(n, len(runtime.step_req_ids))
         lens = runtime.graph_buffer("seq_lens", cm.seq_lens)
         if capture:  # vLLM's capture lengths, within what a pool holds (SFI's dense steps read everything)
-            cap = cm.max_seq_len if runtime.selection == "sfi" else min(cm.max_seq_len, runtime.config.pool_tokens)
+            cap = cm.max_seq_len if runtime.sfi else min(cm.max_seq_len, runtime.config.pool_tokens)
             torch.clamp(cm.seq_lens, max=cap, out=lens)
             lens_cpu = torch.full((n,), cap, dtype=torch.int32)
         else:
@@ -158,7 +191,7 @@ class PooledBuilder:
             if live:
                 lens[:live].copy_(to_device_async(lens_cpu.to(lens.dtype), lens.device))
         changes = dict(seq_lens=lens, max_seq_len=int(lens_cpu.max()) if live else 0)
-        if runtime.selection == "sfi":  # fast steps: a row starts at its selection's first block
+        if runtime.sfi:  # fast steps: a row starts at its selection's first block
             table = runtime.graph_buffer("block_table", cm.block_table_tensor)
             table.copy_(cm.block_table_tensor)
             width, skips = table.shape[1], runtime.skip_blocks[:live]

@@ -1,6 +1,7 @@
 """KVFlash bound to vLLM's Model Runner V1 (``vllm/v1/worker/gpu_model_runner.py``, and the CPU runner built on it)
-after ``initialize_kv_cache``: the pooled group's slot mapping comes from the pagers, its attention metadata builders
-and the pooled layers' query capture are bound with the pieces both runners share (``worker.py``), finished and
+after ``initialize_kv_cache``: the runtime is assembled as for V2 (``worker.assemble_runtime``, from this runner's
+view), the pooled group's slot mapping comes from the pagers, its attention metadata builders and the pooled layers'
+query capture are bound with the pieces both runners share (``worker.py``), finished and
 preempted requests release their pagers, and rows the scheduler cut (lent blocks taken back) move their cold chunks
 out and shrink. ``worker_v2.py`` binds Model Runner V2.
 """
@@ -11,12 +12,9 @@ import numpy as np
 import torch
 
 from vllm_luce import hooks
-from vllm_luce.kvflash.audit import Audit
-from vllm_luce.kvflash.cache_layout import cache_layout
 from vllm_luce.kvflash.runtime import KVFlashRuntime
-from vllm_luce.kvflash.settings import pager_config_from
-from vllm_luce.kvflash.worker import (PooledBuilder, capture_queries, first_positions, local_query_heads,
-                                      policy_label, pooled_group, runtime_options, scored_dims, tp_reduce_max)
+from vllm_luce.kvflash.worker import (PooledBuilder, RunnerView, assemble_runtime, capture_queries, first_positions,
+                                      local_query_heads, policy_label, pooled_group)
 from vllm_luce.log import logger, tag
 
 
@@ -24,43 +22,36 @@ def bind_v1(runner, luce) -> KVFlashRuntime:
     """Attach KVFlash to a V1 GPUModelRunner (or CPUModelRunner) after initialize_kv_cache."""
     gid = pooled_group(runner.kv_cache_config)
     group = runner.kv_cache_config.kv_cache_groups[gid]
-    spec = group.kv_cache_spec
-    attn_groups = runner.attn_groups[gid]
-    forward_context = runner.compilation_config.static_forward_context
-    caches = [forward_context[name].kv_cache for name in group.layer_names]
-    caches = [c[0] if isinstance(c, list) else c for c in caches]
-    cfg = pager_config_from(luce.kvflash)
     block_table = runner.input_batch.block_table[gid]
-    layout = cache_layout(attn_groups[0].backend.get_name(), forward_context[group.layer_names[0]], spec,
-                          caches[0].shape[2])
-    runtime = KVFlashRuntime(cfg, luce.kvflash.policy, caches, layout, spec.head_size, block_table.block_size,
-                             runner.input_batch.max_num_reqs, scorer=_drafter_scorer(runner, luce, cfg),
-                             reduce_max=tp_reduce_max(), scored_dims=scored_dims(runner.get_model(), group.layer_names),
-                             audit=Audit() if luce.kvflash.audit else None,
-                             **runtime_options(runner.vllm_config, luce))
+    runtime = assemble_runtime(runner, luce, RunnerView(gid, block_table.block_size, runner.input_batch.max_num_reqs,
+                                                        _tokens_of(runner), audits=True))
     _bind_slot_mapping(runner, gid, runtime)
-    for attn_group in attn_groups:
+    for attn_group in runner.attn_groups[gid]:
         builders = [PooledBuilder(b, runtime) for b in attn_group.metadata_builders]
         hooks.bind("vllm.v1.worker.utils:AttentionGroup.metadata_builders", attn_group, builders)
+    forward_context = runner.compilation_config.static_forward_context
     for index, name in enumerate(group.layer_names):
         capture_queries(forward_context[name], index, runtime)
     _bind_release(runner, runtime)
     runner.luce_kvflash = runtime
     runtime.warm_up(local_query_heads(runner.vllm_config))
+    cfg = runtime.config
     logger.info("%s: KVFlash on %d layers (group %d, block %d): %s %d tokens in chunks of %d, policy %s", tag(),
                 len(group.layer_names), gid, block_table.block_size,
-                "SFI, decode attends to" if runtime.selection == "sfi" else "pool", cfg.pool_tokens,
+                "SFI, decode attends to" if runtime.sfi else "pool", cfg.pool_tokens,
                 cfg.chunk_tokens, policy_label(runtime))
     return runtime
 
 
-def _drafter_scorer(runner, luce, cfg):
-    """policy 'scorer': PFlash's drafter scores each request's context (``vllm_luce/scorer_policy.py``)."""
-    if luce.kvflash.policy != "scorer":
-        return None
-    from vllm_luce.scorer_policy import drafter_scorer
+def _tokens_of(runner):
+    """A request's prompt and output token ids, and its prompt length, from V1's request states (the scorer's)."""
 
-    return drafter_scorer(runner, luce, cfg)
+    def tokens_of(req_id: str) -> tuple[list[int], int]:
+        state = runner.requests[req_id]
+        prompt = list(state.prompt_token_ids or [])
+        return prompt + list(state.output_token_ids), len(prompt)
+
+    return tokens_of
 
 
 def _bind_slot_mapping(runner, gid: int, runtime: KVFlashRuntime) -> None:

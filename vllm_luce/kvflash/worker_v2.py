@@ -1,5 +1,6 @@
 """KVFlash bound to vLLM's Model Runner V2 (``vllm/v1/worker/gpu/model_runner.py``, the GPU default
-in 0.33). Same ``KVFlashRuntime`` as V1; V2's objects differ:
+in 0.33). Same ``KVFlashRuntime`` as V1, assembled alike (``worker.assemble_runtime``, the policy scorer included:
+its token ids come from V2's request states); V2's objects differ:
 
 * block ids arrive through ``BlockTables.append_block_ids(req_index, new_block_ids, overwrite)``
   (staged for the GPU); the pooled group's rows are mirrored here on the host for the pagers;
@@ -11,7 +12,7 @@ in 0.33). Same ``KVFlashRuntime`` as V1; V2's objects differ:
 * finished and preempted requests come through ``finish_requests(scheduler_output)``, and so do the rows the scheduler
   cut (``luce_cold_rows``: lent blocks taken back), before the step's blocks are appended.
 Attention metadata builders and query capture are bound as in V1, with the pieces both runners share (``worker.py``);
-``worker_v1.py`` binds Model Runner V1.
+``worker_v1.py`` binds Model Runner V1. The block ownership audit reads V1's block tables and is off here.
 
 Run end to end by the GPU tier on V1 and V2 (tests/gpu/test_kvflash.py, docs/gpu.md); on CPU, tested against V2's
 interfaces with stand-in objects (tests/kvflash/test_worker_v2.py).
@@ -23,12 +24,10 @@ import numpy as np
 import torch
 
 from vllm_luce import hooks
-from vllm_luce.kvflash.cache_layout import cache_layout
 from vllm_luce.kvflash.kv_store import to_device_async
-from vllm_luce.kvflash.settings import pager_config_from
 from vllm_luce.kvflash.runtime import KVFlashRuntime
-from vllm_luce.kvflash.worker import (PooledBuilder, capture_queries, first_positions, local_query_heads,
-                                      policy_label, pooled_group, runtime_options, scored_dims, tp_reduce_max)
+from vllm_luce.kvflash.worker import (PooledBuilder, RunnerView, assemble_runtime, capture_queries, first_positions,
+                                      local_query_heads, policy_label, pooled_group)
 from vllm_luce.log import logger, tag
 
 
@@ -36,16 +35,9 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
     gid = pooled_group(runner.kv_cache_config)
     group = runner.kv_cache_config.kv_cache_groups[gid]
     forward_context = runner.compilation_config.static_forward_context
-    caches = [forward_context[name].kv_cache for name in group.layer_names]
-    caches = [c[0] if isinstance(c, list) else c for c in caches]
     block_tables = runner.block_tables
-    layout = cache_layout(runner.attn_groups[gid][0].backend.get_name(), forward_context[group.layer_names[0]],
-                          group.kv_cache_spec, caches[0].shape[2])
-    runtime = KVFlashRuntime(pager_config_from(luce.kvflash), luce.kvflash.policy, caches, layout,
-                             group.kv_cache_spec.head_size, block_tables.block_sizes[gid],
-                             block_tables.max_num_reqs, reduce_max=tp_reduce_max(),
-                             scored_dims=scored_dims(runner.get_model(), group.layer_names),
-                             **runtime_options(runner.vllm_config, luce))
+    runtime = assemble_runtime(runner, luce, RunnerView(gid, block_tables.block_sizes[gid], block_tables.max_num_reqs,
+                                                        _tokens_of(runner), audits=False))
     rows: dict[int, np.ndarray] = {}
     empty = np.zeros(0, dtype=np.int64)
     append_block_ids = block_tables.append_block_ids
@@ -124,6 +116,20 @@ def bind_v2(runner, luce) -> KVFlashRuntime:
     runtime.warm_up(local_query_heads(runner.vllm_config))
     logger.info("%s: KVFlash (Model Runner V2) on %d layers, pool %d tokens, policy %s", tag(),
                 len(group.layer_names), runtime.config.pool_tokens, policy_label(runtime))
-    if luce.kvflash.audit:
+    if luce.kvflash.audit:  # the plan asked for it; V2's view does not audit
         logger.warning("%s: luce.kvflash.audit checks Model Runner V1's block tables only; it is off on V2", tag())
     return runtime
+
+
+def _tokens_of(runner):
+    """A request's prompt and output token ids, and its prompt length, from V2's request states (the scorer's): V2
+    keeps the output tokens on the device only, so a scoring pass (once every ``refresh_tokens`` tokens of a request)
+    waits for the step in flight."""
+    states = runner.req_states
+
+    def tokens_of(req_id: str) -> tuple[list[int], int]:
+        index = states.req_id_to_index[req_id]
+        total = int(states.total_len.gpu[index])
+        return states.all_token_ids.gpu[index, :total].tolist(), int(states.prompt_len.np[index])
+
+    return tokens_of

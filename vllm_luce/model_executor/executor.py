@@ -35,12 +35,12 @@ def build_layer_plan(model) -> LayerPlan:
     return LayerPlan(tuple(found[i] for i in sorted(found)))
 
 
-def pool_full_attention(model, plan: LayerPlan, luce: LuceConfig) -> None:
+def pool_full_attention(model, plan: LayerPlan, luce: LuceConfig, vllm_config) -> None:
     """KVFlash: the full-attention layers that own their KV declare a KVFlashSpec (a per-request
-    pool); sliding-window, KV-sharing and Gated DeltaNet layers keep vLLM's own specs."""
-    from vllm_luce.kvflash.settings import resident_cap_tokens
+    pool, KVFlash's plan's resident cap); sliding-window, KV-sharing and Gated DeltaNet layers keep vLLM's own specs."""
+    from vllm_luce.kvflash.plan import plan_of
     from vllm_luce.kvflash.spec import KVFlashSpec
-    pool_tokens = resident_cap_tokens(luce.kvflash)
+    pool_tokens = plan_of(luce, vllm_config).resident_cap_tokens
     cold_rows = bool(pool_tokens) and luce.kvflash.gpu_cold  # rows with room for cold chunks in free blocks
     modules = dict(model.named_modules())
     for info in plan.full_attention:
@@ -78,6 +78,6 @@ class LuceExecutor:
         self.luce_config = LuceConfig.from_vllm_config(vllm_config)
         self.luce_layers = build_layer_plan(self)
         if self.luce_config.kvflash.enabled:
-            pool_full_attention(self, self.luce_layers, self.luce_config)
+            pool_full_attention(self, self.luce_layers, self.luce_config, vllm_config)
         logger.info("%s: %s is served by %s (%s); features: %s", tag(), self.upstream_architecture,
                     type(self).__qualname__, self.luce_layers.summary(), self.luce_config.describe())
