@@ -1,8 +1,9 @@
-"""KVFlash's Model Runner V2 binding against V2's interfaces, with stand-in runner objects (V2 needs a
-GPU and vLLM together, which no machine here has). Checks: signatures of the V2 methods bound,
-pooled-group slot mapping from the pagers (other groups untouched), bounded residency inside the
-request's own blocks, resident seq_lens for the builders, releases and rows cut (lent blocks taken back) through
-finish_requests."""
+"""KVFlash's Model Runner V2 binding against V2's interfaces, with stand-in runner objects: vLLM 0.32's CPU backend
+has a V2 runner (``vllm/v1/worker/cpu/model_runner.py``) but refuses it without Triton ("Model Runner V2 requires
+Triton"), which the CPU machines lack. Checks: signatures of the V2 methods bound, pooled-group slot mapping from the
+pagers (other groups untouched), bounded residency inside the request's own blocks, resident seq_lens for the builders,
+releases and rows cut (lent blocks taken back) through finish_requests, and the drafter-scorer policy over V2's request
+states."""
 
 import inspect
 from dataclasses import dataclass
