@@ -47,3 +47,30 @@ def test_chunks_holding_the_question_s_ngrams_outrank_attention():
     got = scorer(SimpleNamespace(req_id="a", num_tokens=800), list(range(12)))
     order = torch.argsort(got[:12], descending=True, stable=True).tolist()
     assert order[:3] == [5, 2, 7] and got[0] == 0.0
+
+
+def test_the_seam_attaches_the_drafter_after_both_features_and_kvflash_imports_none_of_it():
+    """The seam's hook row runs after KVFlash's bindings and PFlash's (the initialize_kv_cache patch runs a runner's
+    rows, then the rows of both runners, in table order); until it has run, the scorer policy says what is missing;
+    off rank 0 (no drafter there) it stops startup naming the setting."""
+    import pytest
+
+    from vllm_luce import hooks, scorer_policy
+    from vllm_luce.kvflash.policies import make_policy
+
+    both = [h.owners[0] for h in hooks.features(hooks.KV_CACHE_BOTH)]
+    assert both.index("vllm_luce.scorer_policy:bind") > both.index("vllm_luce.pflash.worker:bind")
+    assert all(h.stage != hooks.KV_CACHE_BOTH for h in hooks.features() if h.owners[0].startswith("vllm_luce.kvflash"))
+    policy = make_policy("scorer")
+    with pytest.raises(RuntimeError, match="no chunk scorer attached"):
+        policy.scores(None, [0])
+    config = SimpleNamespace(chunk_tokens=64, pool_tokens=1024)
+    runtime = SimpleNamespace(policy=policy, config=config, tokens_of=lambda req_id: ([1] * 128, 128))
+    with pytest.raises(RuntimeError, match="luce.kvflash.policy 'scorer' with tensor/pipeline parallelism"):
+        scorer_policy.bind(SimpleNamespace(luce_kvflash=runtime, luce_pflash=None), None)
+    scores = SimpleNamespace(token_scores=lambda ids: torch.arange(len(ids), dtype=torch.float))
+    service = SimpleNamespace(scorer=scores)
+    scorer_policy.bind(SimpleNamespace(luce_kvflash=runtime, luce_pflash=service), None)
+    assert policy.scores(SimpleNamespace(req_id="r", num_tokens=128), [0, 1]).tolist()[1] > 0
+    untouched = make_policy("qk")
+    scorer_policy.bind(SimpleNamespace(luce_kvflash=SimpleNamespace(policy=untouched), luce_pflash=None), None)

@@ -449,6 +449,10 @@ HOOKS: tuple[Hook, ...] = (
          "load the PFlash drafter on rank 0 (after the KV cache: a drafter that cannot load stops startup)",
          "the same, on either runner", "vLLM offers a worker-side hook after the KV cache is allocated",
          KV_CACHE_BOTH, checks=(f"{V1_RUNNER}.initialize_kv_cache", f"{V2_RUNNER}.initialize_kv_cache"), runner=V1_V2),
+    _row(FEATURE, "GPUModelRunner.initialize_kv_cache (V1 and V2)", f"{L}.scorer_policy:bind", "KVFlash",
+         "policy 'scorer': PFlash's drafter attached as KVFlash's chunk scorer, once both features are bound (the "
+         "seam's row follows theirs)", "the same, on either runner", "never: where two features meet",
+         KV_CACHE_BOTH, checks=(f"{V1_RUNNER}.initialize_kv_cache", f"{V2_RUNNER}.initialize_kv_cache"), runner=V1_V2),
     _row(FEATURE, "vllm_luce:register", "vllm_luce.metrics:install", "metrics",
          "the metrics directory and collector", "called by register()", NEVER, AT_REGISTER, checks=PLUGINS),
 )

@@ -1,6 +1,7 @@
 """KVFlash's drafter-scorer policy (``luce.kvflash.policy: scorer``), the seam where KVFlash uses PFlash: PFlash's
 drafter scores the request's context and each KVFlash chunk gets the mean importance of its tokens (no vLLM import).
-KVFlash's runtime assembly (``kvflash/worker.py``) asks ``drafter_scorer`` for it, on either model runner.
+Attached by ``bind`` once both features are bound on a runner (either model runner); KVFlash imports
+nothing of it.
 
 PFlash's lexical anchors rank first, as in PFlash's selection: a chunk holding an exact 4-gram of
 the context's last 96 tokens (the question and what has been generated since), found at most 8 times
@@ -56,16 +57,18 @@ class DrafterChunkScorer:
         self.cache.pop(req_id, None)
 
 
-def drafter_scorer(runner, luce, cfg, tokens_of: Callable[[str], tuple[list[int], int]]) -> DrafterChunkScorer:
-    """PFlash's drafter (loaded on this runner first) scoring each request's context for KVFlash's pager;
-    ``tokens_of(req_id)``: the request's prompt and output token ids and its prompt length, read by the runner's
-    binding from that runner's request states."""
-    from vllm_luce.pflash.worker import bind as bind_pflash
-
-    bind_pflash(runner, luce)
-    service = runner.luce_pflash
+def bind(runner, luce) -> None:
+    """The seam's binding, after KVFlash's and PFlash's (its row in ``vllm_luce/hooks.py`` follows theirs): where
+    ``luce.kvflash.policy`` is 'scorer', PFlash's drafter (loaded on this runner by PFlash's binding) becomes the
+    chunk scorer of KVFlash's runtime, reading each request's tokens through the runtime's ``tokens_of`` (V1's or
+    V2's request states)."""
+    runtime = getattr(runner, "luce_kvflash", None)
+    if runtime is None or runtime.policy.name != "scorer":
+        return
+    service = getattr(runner, "luce_pflash", None)
     if service is None:  # not rank 0: every rank would need the same scores
         raise RuntimeError("luce.kvflash.policy 'scorer' with tensor/pipeline parallelism is not supported yet; "
                            "use 'qk'")
-    return DrafterChunkScorer(service.scorer.token_scores, tokens_of, cfg.chunk_tokens,
-                              refresh_tokens=max(cfg.pool_tokens // 2, 256))
+    cfg = runtime.config
+    runtime.policy.attach(DrafterChunkScorer(service.scorer.token_scores, runtime.tokens_of, cfg.chunk_tokens,
+                                             refresh_tokens=max(cfg.pool_tokens // 2, 256)))

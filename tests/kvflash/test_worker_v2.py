@@ -295,12 +295,13 @@ def test_a_row_the_scheduler_cuts_moves_its_cold_chunks_out_bit_exact_before_the
         assert not pager.store.read(position).isnan().any()
 
 
-def test_v2_binding_with_policy_scorer_scores_the_chunks_with_the_drafter_over_v2s_request_states(monkeypatch):
-    """policy 'scorer' on Model Runner V2: the runtime is assembled as on V1, with PFlash's drafter scorer, whose token
-    ids come from V2's request states (all_token_ids up to total_len, prompt_len); the chunk it scores highest stays
-    resident while the prompt pages out. The drafter is a stand-in that scores one chunk's tokens above the rest."""
+def test_v2_binding_with_policy_scorer_scores_the_chunks_with_the_drafter_over_v2s_request_states():
+    """policy 'scorer' on Model Runner V2: the runtime is assembled as on V1, and the seam's binding
+    (``scorer_policy.bind``, after KVFlash's and PFlash's) attaches PFlash's drafter, whose token ids come from V2's
+    request states (all_token_ids up to total_len, prompt_len); the chunk it scores highest stays resident while the
+    prompt pages out. The drafter is a stand-in that scores one chunk's tokens above the rest."""
+    from vllm_luce import scorer_policy
     from vllm_luce.kvflash.worker_v2 import bind_v2
-    from vllm_luce.pflash import worker as pflash_worker
 
     tokens = 1000 + torch.arange(4000, dtype=torch.int32)
     scored = []
@@ -309,10 +310,6 @@ def test_v2_binding_with_policy_scorer_scores_the_chunks_with_the_drafter_over_v
         scored.append(list(ids))
         return torch.tensor([1.0 if 192 <= i < 256 else 0.0 for i in range(len(ids))])  # chunk 3
 
-    def load_drafter(runner, luce):
-        runner.luce_pflash = SimpleNamespace(scorer=SimpleNamespace(token_scores=token_scores))
-
-    monkeypatch.setattr(pflash_worker, "bind", load_drafter)
     runner, finished = fake_runner()
     all_token_ids = torch.zeros(4, 4096, dtype=torch.int32)
     all_token_ids[2, :4000] = tokens
@@ -322,6 +319,8 @@ def test_v2_binding_with_policy_scorer_scores_the_chunks_with_the_drafter_over_v
                                              "pflash": {"drafter": "/a/drafter"}}}, {})
     runtime = bind_v2(runner, luce)
     assert runtime.policy.name == "scorer"
+    runner.luce_pflash = SimpleNamespace(scorer=SimpleNamespace(token_scores=token_scores))  # PFlash's binding
+    scorer_policy.bind(runner, luce)
     runner.block_tables.append_block_ids(2, ([1], [9, 4, 12]), overwrite=False)
     for start in range(0, 1000, 100):
         step(runner, start, 100)

@@ -12,12 +12,14 @@ Processes:
   ``runtime.py`` and what it runs (``pager.py``, ``kv_store.py``, ``pool_store.py``, ``host_pool.py``,
   ``policies.py``, ``sfi.py``, ``query_window.py``, ``cache_layout.py``, ``device_budget.py``; ``audit.py``, a
   diagnostic);
-* ``host_ledger.py`` is shared through a file by every engine and worker on the host; ``settings.py`` is read by all.
+* ``host_ledger.py`` is shared through a file by every engine and worker on the host; ``settings.py`` is read by all,
+  and every process derives the same plan from them with ``plan.py`` (``plan_of``).
 
 Import rule (tests/test_layout.py): KVFlash is a feature, one layer above the base. It imports the base packages
 (``config``, ``log``, ``metrics``, ``kernels``, ``hooks`` and the rest of the touch table, ``overrides``,
-``request_args``, ``architectures``, ...) and a seam that lies on another feature (``scorer_policy``, KVFlash's
-scorer policy on PFlash's drafter); never another feature (``pflash``, ``spec_decode``), nor a binding (``patches``,
-``model_executor``, ``vllm026``, the entry points). A module of one model runner alone ends in ``_v1`` or ``_v2`` and
-imports nothing of the other's; none branches on the vLLM series. Modules whose docstring says pure import no vLLM.
+``request_args``, ``architectures``, ...); never another feature (``pflash``, ``spec_decode``), a seam or a binding
+(``patches``, ``model_executor``, ``vllm026``, the entry points): PFlash's drafter reaches its scorer policy through
+the seam ``scorer_policy``, whose hook row attaches it after both features are bound. A module of one model runner
+alone ends in ``_v1`` or ``_v2`` and imports nothing of the other's; none branches on the vLLM series. Modules whose
+docstring says pure import no vLLM.
 """

@@ -202,12 +202,21 @@ def salient_layer_scores(queries: torch.Tensor, summaries: torch.Tensor,
 
 
 class Scorer:
+    """An external per-chunk score, attached once the runtime exists: PFlash's drafter, by the seam's binding
+    (``vllm_luce/scorer_policy.py``), which runs after both features are bound."""
+
     name = "scorer"
 
-    def __init__(self, score_chunks: Callable[[object, list[int]], torch.Tensor]):
+    def __init__(self, score_chunks: Callable[[object, list[int]], torch.Tensor] | None = None):
+        self.score_chunks = score_chunks
+
+    def attach(self, score_chunks: Callable[[object, list[int]], torch.Tensor]) -> None:
         self.score_chunks = score_chunks
 
     def scores(self, pager, chunks: list[int]) -> torch.Tensor:
+        if self.score_chunks is None:
+            raise RuntimeError("luce.kvflash.policy 'scorer': no chunk scorer attached (PFlash's drafter is attached "
+                               "after KVFlash's and PFlash's bindings, by vllm_luce/scorer_policy.py)")
         return torch.as_tensor(self.score_chunks(pager, chunks), dtype=torch.float32)
 
 
@@ -254,9 +263,7 @@ def make_policy(name: str, scorer: Callable | None = None, reduce_max=None, scor
         return Salient(reduce_max, scored)
     if name == "attention":
         return MaxLogit(reduce_max)
-    if name == "scorer":
-        if scorer is None:
-            raise ValueError("luce.kvflash.policy 'scorer' needs a chunk scorer (PFlash's drafter scorer)")
+    if name == "scorer":  # ``scorer`` may be attached later (Scorer.attach)
         return Scorer(scorer)
     raise ValueError(f"luce.kvflash.policy: got {name!r}; expected one of 'lru', 'qk', 'bounds', 'salient', 'scorer', "
                      "'attention'")

@@ -57,8 +57,9 @@ class KVFlashRuntime:
                  host_budget: int | None = None, metric_labels: dict | None = None, selection: str = "page",
                  query_window: int = 1, scored_dims: ScoredDims = ScoredDims(), host_pinned: int | str = 0,
                  max_model_len: int = 0, ledger=None, engine: int = 0, draft_tokens: int = 0,
-                 host_request: int | str = "auto", ranks: int = 1, audit=None):
+                 host_request: int | str = "auto", ranks: int = 1, audit=None, tokens_of=None):
         self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
+        self.tokens_of = tokens_of  # request -> (prompt and output token ids, prompt length), for a policy scorer
         self.selection = selection
         self.caches = caches
         self.policy = make_policy(policy_name, scorer, reduce_max, scored_dims)

@@ -110,7 +110,8 @@ class RunnerView:
 
 def assemble_runtime(runner, luce, view: RunnerView) -> KVFlashRuntime:
     """KVFlash's runtime for one runner, put together alike for V1 and V2: the plan (``plan.py``), the pooled layers'
-    caches and layout, the policy (with PFlash's drafter scoring for 'scorer'), the audit and the worker's options."""
+    caches and layout, the policy (for 'scorer', PFlash's drafter is attached later by
+    ``vllm_luce/scorer_policy.py``, with the view's ``tokens_of``), the audit and the worker's options."""
     plan = plan_of(luce, runner.vllm_config)
     group = runner.kv_cache_config.kv_cache_groups[view.gid]
     forward_context = runner.compilation_config.static_forward_context
@@ -118,13 +119,8 @@ def assemble_runtime(runner, luce, view: RunnerView) -> KVFlashRuntime:
     caches = [c[0] if isinstance(c, list) else c for c in caches]
     layout = cache_layout(runner.attn_groups[view.gid][0].backend.get_name(), forward_context[group.layer_names[0]],
                           group.kv_cache_spec, caches[0].shape[2])
-    scorer = None
-    if plan.scorer:
-        from vllm_luce.scorer_policy import drafter_scorer
-
-        scorer = drafter_scorer(runner, luce, plan.pager, view.tokens_of)
     return KVFlashRuntime(plan.pager, plan.policy, caches, layout, group.kv_cache_spec.head_size, view.block_size,
-                          view.max_num_reqs, scorer=scorer, reduce_max=tp_reduce_max(),
+                          view.max_num_reqs, tokens_of=view.tokens_of, reduce_max=tp_reduce_max(),
                           scored_dims=scored_dims(runner.get_model(), group.layer_names),
                           audit=Audit() if plan.audit and view.audits else None,
                           **runtime_options(runner.vllm_config, luce, plan))
