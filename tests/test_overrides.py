@@ -124,7 +124,7 @@ def test_the_dflash_gate_warns_nothing_replacing_kvflashs_class(luce_log):
     from vllm_luce.spec_decode.install import install_gate
 
     config = gate_config(scheduler_cls="vllm_luce.kvflash.scheduler.LuceKVFlashAsyncScheduler")
-    assert install_gate(config, LuceConfig.from_sources({}, {})).endswith("LuceGatedAsyncScheduler")
+    assert install_gate(config, LuceConfig.from_sources({}, {})).summary.endswith("LuceGatedAsyncScheduler")
     assert warnings(luce_log) == []
 
 

@@ -31,6 +31,16 @@ RESOLVED_KEY = "luce_resolved"
 NON_CONFIG_ENV = {"SKIP_VERSION_CHECK", "EXECUTORS", "DRAFTER", "VENV"}
 
 
+@dataclass(frozen=True)
+class Installed:
+    """What a feature's install in the config-parsing process did (``hooks.py``'s feature rows), as data the VllmConfig
+    patch reads: ``summary`` for the startup log, and whether vLLM's engine clients need vllm-luce's patches
+    (``engine_client``: per-request switches, PFlash's compression, KVFlash's refusal of a prompt beyond its host
+    share)."""
+    summary: str
+    engine_client: bool = True
+
+
 class LuceConfigError(ValueError):
     pass
 

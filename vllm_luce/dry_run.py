@@ -232,7 +232,7 @@ def pflash_lines(luce: LuceConfig, text: dict) -> list[str]:
     vocab = text.get("vocab_size")
     model_config = SimpleNamespace(get_vocab_size=lambda: vocab) if vocab else None
     described = install_pflash(SimpleNamespace(model_config=model_config, parallel_config=None), luce)
-    return ["pflash: on", f"  scorer: {described}",
+    return ["pflash: on", f"  scorer: {described.summary}",
             (f"  keep_curve {pf.keep_curve} (overrides keep_ratio), " if pf.keep_curve else "  ")
             + f"chunks of {pf.chunk_tokens} tokens, the first {pf.head_chunks} and last {pf.tail_chunks} always kept, "
             f"anchors {'on' if pf.anchors else 'off'}",

@@ -24,7 +24,7 @@ def luce(pool=384):
 def test_step_budget_is_capped_and_buffers_keep_their_size(scheduled):
     config, settings = vllm_config(scheduled=scheduled), luce()
     step = build_plan(settings.kvflash).pager.max_step_tokens
-    assert "step <= 192 tokens" in install_kvflash(config, settings) and step == 192
+    assert "step <= 192 tokens" in install_kvflash(config, settings).summary and step == 192
     sched = config.scheduler_config
     assert sched.max_num_batched_tokens == 16384  # CUDA graph sizes and draft slots were laid out from it
     assert sched.max_num_scheduled_tokens == min(scheduled or 16384, step)
@@ -68,3 +68,12 @@ def test_an_architecture_kvflash_cannot_attach_to_stops_startup_before_the_weigh
     monkeypatch.delenv("VLLM_LUCE_EXECUTORS", raising=False)
     config.model_config = SimpleNamespace(architectures=["Gemma4ForCausalLM"])
     assert install_kvflash(config, luce())
+
+
+def test_the_install_says_as_data_whether_the_engine_clients_need_patches():
+    """Paging needs the engine clients' refusal of a prompt beyond its host share; SFI (every block resident) changes
+    neither the scheduler nor the clients (the VllmConfig patch reads ``engine_client``, not the summary's words)."""
+    paged = install_kvflash(vllm_config(), luce())
+    sfi = install_kvflash(vllm_config(), LuceConfig.from_sources({"luce": {"kvflash": {"pool_tokens": 384,
+                                                                                        "selection": "sfi"}}}))
+    assert paged.engine_client and not sfi.engine_client and sfi.summary.startswith("SFI")

@@ -25,7 +25,7 @@ def drafter(tmp_path):
 def _install(path, vocab=4096, **settings):
     luce = LuceConfig.from_sources({"luce": {"pflash": {"drafter": str(path), **settings}}}, {})
     model_config = SimpleNamespace(get_vocab_size=lambda: vocab)
-    return install_pflash(SimpleNamespace(model_config=model_config), luce)
+    return install_pflash(SimpleNamespace(model_config=model_config), luce).summary
 
 
 def test_the_trained_scorer_is_accepted(drafter):

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_luce import hooks, overrides
-from vllm_luce.config import LuceConfig, LuceConfigError
+from vllm_luce.config import Installed, LuceConfig, LuceConfigError
 from vllm_luce.hooks import GATED_SCHEDULERS, KVFLASH_SCHEDULERS, SCHEDULER_CLS, VLLM_DEFAULT_SCHEDULERS
 from vllm_luce.kvflash.pager import KVFlashConfigError
 from vllm_luce.kvflash.plan import KVFlashPlan, plan_of
@@ -34,14 +34,15 @@ def before_vllm_checks(vllm_config: Any, luce: LuceConfig) -> None:
         hooks.bind("vllm.config.cache:CacheConfig.enable_prefix_caching", vllm_config.cache_config, False)
 
 
-def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
+def install_kvflash(vllm_config: Any, luce: LuceConfig) -> Installed | None:
     kv = luce.kvflash
     if not kv.enabled:
         return None
     plan = check_kvflash(vllm_config, luce)
     cfg = plan.pager
-    if plan.sfi:  # all KV resident and prefill dense: the scheduler is unchanged
-        return f"SFI: decode attends to {cfg.pool_tokens} tokens (chunks of {cfg.chunk_tokens}), policy {plan.policy}"
+    if plan.sfi:  # all KV resident and prefill dense: the scheduler and the engine clients are unchanged
+        return Installed(f"SFI: decode attends to {cfg.pool_tokens} tokens (chunks of {cfg.chunk_tokens}), policy "
+                         f"{plan.policy}", engine_client=False)
     sched = vllm_config.scheduler_config
     step = cfg.max_step_tokens
     _install_scheduler(sched)
@@ -51,7 +52,8 @@ def install_kvflash(vllm_config: Any, luce: LuceConfig) -> str | None:
     if not sched.long_prefill_token_threshold or sched.long_prefill_token_threshold > step:
         overrides.warn(overrides.LONG_PREFILL, sched.long_prefill_token_threshold or "0 (no cap)", step)
         hooks.bind("vllm.config.scheduler:SchedulerConfig.long_prefill_token_threshold", sched, step)
-    return f"pool {cfg.pool_tokens} tokens, chunks of {cfg.chunk_tokens}, policy {plan.policy}, step <= {step} tokens"
+    return Installed(f"pool {cfg.pool_tokens} tokens, chunks of {cfg.chunk_tokens}, policy {plan.policy}, "
+                     f"step <= {step} tokens")
 
 
 def check_kvflash(vllm_config: Any, luce: LuceConfig) -> KVFlashPlan:

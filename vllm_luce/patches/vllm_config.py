@@ -29,10 +29,10 @@ def _make_wrapper(original):
             installed = hook.function()(self, luce)
             done.setdefault(hook.feature, installed)
         gated, kvflash, pflash = done["DFlash"], done["KVFlash"], done["PFlash"]
-        if pflash or gated or (kvflash and not kvflash.startswith("SFI")):
+        if any(installed and installed.engine_client for installed in done.values()):
             from vllm_luce.patches import apply_engine_client_patches
 
-            apply_engine_client_patches(pflash=bool(pflash))
+            apply_engine_client_patches(pflash=pflash is not None)
         global _logged
         if not _logged:
             _logged = True
@@ -40,8 +40,8 @@ def _make_wrapper(original):
 
             logger.info("%s: executors: %s; active features: %s%s", tag(),
                         registry.description, luce.describe(),
-                        (f"; DFlash gate: {gated}" if gated else "") + (f"; KVFlash: {kvflash}" if kvflash else "")
-                        + (f"; PFlash: {pflash}" if pflash else ""))
+                        "".join(f"; {name}: {installed.summary}" for name, installed in
+                                (("DFlash gate", gated), ("KVFlash", kvflash), ("PFlash", pflash)) if installed))
 
     return __post_init__
 

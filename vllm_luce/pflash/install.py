@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_luce.checkpoint_headers import DrafterError
-from vllm_luce.config import LuceConfig, LuceConfigError
+from vllm_luce.config import Installed, LuceConfig, LuceConfigError
 from vllm_luce.pflash.drafter_spec import DrafterSpec, has_tokenizer
 
 
-def install_pflash(vllm_config: Any, luce: LuceConfig) -> str | None:
+def install_pflash(vllm_config: Any, luce: LuceConfig) -> Installed | None:
     pf = luce.pflash
     if not pf.enabled:
         return None
@@ -36,9 +36,9 @@ def install_pflash(vllm_config: Any, luce: LuceConfig) -> str | None:
     else:
         mode = "the target's tokenizer"
     _install_worker_extension(vllm_config)
-    return (f"drafter {spec.path.name} ({spec.architecture}, {spec.num_layers} layers, "
-            f"{pf.early_exit_layers or spec.num_layers} scored) with {mode}; keep {pf.keep_ratio}, "
-            f"prompts >= {pf.min_prompt_tokens} tokens")
+    return Installed(f"drafter {spec.path.name} ({spec.architecture}, {spec.num_layers} layers, "
+                     f"{pf.early_exit_layers or spec.num_layers} scored) with {mode}; keep {pf.keep_ratio}, "
+                     f"prompts >= {pf.min_prompt_tokens} tokens")
 
 
 def _install_worker_extension(vllm_config: Any) -> None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_luce import hooks
-from vllm_luce.config import LuceConfig, LuceConfigError
+from vllm_luce.config import Installed, LuceConfig, LuceConfigError
 from vllm_luce.hooks import GATED_SCHEDULERS, KVFLASH_SCHEDULERS, SCHEDULER_CLS, VLLM_DEFAULT_SCHEDULERS
 
 
-def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
-    """The scheduler class installed, or None when the gate does not apply (with the reason logged
+def install_gate(vllm_config: Any, luce: LuceConfig) -> Installed | None:
+    """The scheduler class installed (the summary), or None when the gate does not apply (with the reason logged
     by the caller through ``gate_status``)."""
     spec = getattr(vllm_config, "speculative_config", None)
     if spec is None or spec.method != "dflash":
@@ -32,7 +32,7 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
     sched = vllm_config.scheduler_config
     current = sched.scheduler_cls
     if current in GATED_SCHEDULERS.values():
-        return current
+        return Installed(current)
     if current not in VLLM_DEFAULT_SCHEDULERS and current not in KVFLASH_SCHEDULERS.values():
         raise LuceConfigError(
             f"--scheduler-cls {current}: vllm-luce's DFlash gate needs its own scheduler class; drop "
@@ -44,4 +44,4 @@ def install_gate(vllm_config: Any, luce: LuceConfig) -> str | None:
         overrides.warn(overrides.GATE_SCHEDULER, current, installed)
     hooks.bind(SCHEDULER_CLS, sched, installed)
     set_graph_table(vllm_config)  # Model Runner V2 on CUDA: one-token decode graphs for plain steps
-    return sched.scheduler_cls
+    return Installed(sched.scheduler_cls)
