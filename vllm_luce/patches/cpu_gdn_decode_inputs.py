@@ -11,9 +11,9 @@ contiguous they are the same values. The state it updates in place (``initial_st
 
 from __future__ import annotations
 
-import torch
-
 import importlib
+
+import torch
 
 from vllm_luce.hook_ledger import ledger_signature
 from vllm_luce.patches import wrap_function
