@@ -35,7 +35,7 @@ def test_the_table_has_draft_lengths_k_and_0_with_0_past_every_real_batch_size()
 def test_the_gate_sets_the_table_on_v2_with_cuda_only(cuda):
     luce = LuceConfig.from_sources({}, {})
     config = vllm_config()
-    assert install_gate(config, luce).endswith("LuceGatedAsyncScheduler")
+    assert install_gate(config, luce).summary.endswith("LuceGatedAsyncScheduler")
     assert config.speculative_config.num_speculative_tokens_per_batch_size == plain_steps_v2.graph_table(15, 128)
     assert install_gate(config, luce)  # again (a copied config): its own table is no user table
     for other in (vllm_config(v2=False), vllm_config(data_parallel=2)):
