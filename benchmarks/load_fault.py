@@ -56,6 +56,7 @@ START_TIMEOUT_S = {"cpu": 300, "gpu": 600}
 GPU_VLLM_ADDITIONAL = {"gdn_prefill_backend": "triton"}
 # --without NAME: the profile's switch it turns off (luce: vLLM alone)
 WITHOUT = {"dflash": "dflash", "pflash": "pflash", "cold": "gpu_cold", "aborts": "aborts", "luce": "luce"}
+POLICIES = ("lru", "qk", "bounds", "salient", "scorer")  # luce.kvflash.policy's values outside SFI
 CPU_ONLY_ENV = ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_OMP_THREADS_BIND")
 
 
@@ -86,6 +87,8 @@ def luce_config(profile: Profile, ledger: Path) -> dict:
     luce = {"kvflash": {"pool_tokens": profile.pool_tokens, "host_bytes": profile.host_bytes,
                         "host_request_bytes": profile.host_bytes, "host_ledger": str(ledger),
                         "gpu_cold": profile.gpu_cold}}
+    if profile.kvflash_policy:
+        luce["kvflash"]["policy"] = profile.kvflash_policy
     if profile.pflash:
         luce["pflash"] = {"drafter": str(trained_model("scorer")), "keep_ratio": profile.pflash_keep_ratio,
                           "min_prompt_tokens": profile.pflash_min_prompt}
@@ -368,6 +371,8 @@ def write(run: dict, args) -> bool:
 def profile_of(args) -> Profile:
     profile = replace(PROFILES[args.scale].scaled(args.seconds, args.streams, args.canary_streams),
                       **{WITHOUT[name]: False for name in args.without})
+    if args.kvflash_policy:
+        profile = replace(profile, kvflash_policy=args.kvflash_policy)
     if not profile.luce:  # vLLM alone: none of the features, and the checks of vLLM's own behaviour only
         profile = replace(profile, dflash=False, pflash=False)
     return profile
@@ -389,6 +394,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--canary-streams", type=int, help="streams that send the canaries in turn (gpu 1, cpu 2)")
     ap.add_argument("--without", action="append", choices=WITHOUT, default=[],
                     help="run with one thing off, to rule it in or out of a finding (repeatable)")
+    ap.add_argument("--kvflash-policy", choices=POLICIES,
+                    help="KVFlash's chunk policy instead of the default (lru: by position alone, to rule the scores "
+                         "in or out of a paged canary's change)")
     ap.add_argument("--seed", type=int, default=0)
     return ap
 

@@ -2,13 +2,14 @@
 
     python scripts/gpu_results.py RESULTS_DIR "TP=1, one H200" > /tmp/section.md
 
-Reads RESULTS_DIR/device.txt (card, vLLM and torch versions, commit) and RESULTS_DIR/junit.xml; prints the
-run's facts and every test with its outcome, time and, for a failure or skip, the first line of its reason.
+Reads device.txt (card, vLLM and torch versions, commit) and junit.xml from RESULTS_DIR/logs.tgz (or the folder
+itself, as older runs left them); prints the run's facts and every test with its outcome, time and, for a failure or skip, the first line of its reason.
 """
 
 from __future__ import annotations
 
 import sys
+import tarfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -22,9 +23,17 @@ def outcome(case: ET.Element) -> tuple[str, str]:
     return "passed", ""
 
 
+def member(results: Path, name: str) -> str:
+    """A file of the run: in the folder, else in its ``logs.tgz`` (where scripts/gpu_tier.sh puts it)."""
+    if (results / name).exists():
+        return (results / name).read_text()
+    with tarfile.open(results / "logs.tgz") as tar:
+        return tar.extractfile(f"./{name}").read().decode()
+
+
 def render(results: Path, title: str) -> str:
-    device = (results / "device.txt").read_text().strip().splitlines()
-    suite = ET.parse(results / "junit.xml").getroot()
+    device = member(results, "device.txt").strip().splitlines()
+    suite = ET.fromstring(member(results, "junit.xml"))
     cases = list(suite.iter("testcase"))
     lines = [f"### {title}", "", *[f"- {line}" for line in device], ""]
     counts: dict[str, int] = {}

@@ -73,3 +73,29 @@ def test_the_recorded_h200_runs_pass_once_reselections_after_a_token_part_are_le
         found = compare_selections(graphs, graphless, data["prompt_tokens"], first_parts(*run["tokens"]))
         assert all(c["score_error"] <= 0.0025 for c in found) and any(c["decode_time"] for c in found), (name, found)
         assert run["drift"] <= run["tolerance"] and all(g <= 2 * run["tolerance"] for g in run["gaps"]), name
+
+
+def test_the_results_table_reads_a_run_packed_in_logs_tgz_or_left_loose(tmp_path):
+    """scripts/gpu_tier.sh packs device.txt and junit.xml into logs.tgz (two result files per run, not four);
+    runs recorded before left them beside it: scripts/gpu_results.py reads both."""
+    import subprocess
+    import sys
+    import tarfile
+
+    junit = ('<testsuites><testsuite name="pytest"><testcase classname="tests.gpu.test_kvflash" name="test_a" '
+             'time="12.3"/><testcase classname="tests.gpu.test_dflash" name="test_b" time="4"><failure '
+             'message="assert 1 == 2"/></testcase></testsuite></testsuites>')
+    logs, loose, packed = tmp_path / "logs", tmp_path / "loose", tmp_path / "packed"
+    for folder in (logs, loose, packed):
+        folder.mkdir()
+    for folder in (logs, loose):
+        (folder / "device.txt").write_text("NVIDIA H100 80GB HBM3, 81559 MiB\nvllm 0.26.0 torch 2.11.0\ncommit abc\n")
+        (folder / "junit.xml").write_text(junit)
+    with tarfile.open(packed / "logs.tgz", "w:gz") as tar:
+        tar.add(logs, arcname=".")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_results.py"
+    tables = [subprocess.run([sys.executable, str(script), str(folder), "TP=1"], capture_output=True, text=True,
+                             check=True).stdout for folder in (loose, packed)]
+    assert tables[0] == tables[1]
+    assert "1 failed, 1 passed" in tables[0] and "| `test_dflash::test_b` | failed | 4 | assert 1 == 2 |" in tables[0]
+    assert "- commit abc" in tables[0]

@@ -327,3 +327,20 @@ def test_vllm_alone_runs_without_the_plugin_and_keeps_only_vllm_s_own_checks(tmp
     summary, checks, _ = evaluate(luce_free, "")
     assert not set(LUCE_ONLY) & set(checks) and all(c["ok"] for c in checks.values()), checks
     assert not evaluate({**luce_free, "before": luce_free["after"]}, "")[1]["vllm_preempted"]["ok"]
+
+
+def test_a_chosen_kvflash_policy_reaches_the_server_and_the_default_sends_none(tmp_path):
+    """``--kvflash-policy lru``: the one change that rules the policy's scores in or out of a paged canary's change
+    (LRU chooses by position alone); without it the server runs KVFlash's default policy."""
+    import json
+
+    from benchmarks.load_fault import main_profile, server_args
+
+    def kvflash_of(argv):
+        args = server_args(main_profile(["--scale", "gpu", "--json", "x", *argv]), tmp_path / "ledger")
+        return json.loads(args[args.index("--additional-config") + 1])["luce"]["kvflash"]
+
+    assert kvflash_of(["--kvflash-policy", "lru"])["policy"] == "lru"
+    assert "policy" not in kvflash_of([])
+    with pytest.raises(SystemExit):
+        main_profile(["--scale", "gpu", "--json", "x", "--kvflash-policy", "attention"])  # SFI only
