@@ -86,7 +86,7 @@ def luce_config(profile: Profile, ledger: Path) -> dict:
     # one request may hold the whole budget (auto: half of it): the longest prompts page out more than half
     luce = {"kvflash": {"pool_tokens": profile.pool_tokens, "host_bytes": profile.host_bytes,
                         "host_request_bytes": profile.host_bytes, "host_ledger": str(ledger),
-                        "gpu_cold": profile.gpu_cold}}
+                        "gpu_cold": profile.gpu_cold, "log_choices": True}}  # paged canaries' choices: the checks
     if profile.kvflash_policy:
         luce["kvflash"]["policy"] = profile.kvflash_policy
     if profile.pflash:

@@ -179,6 +179,12 @@ SCHEMA: dict[str, dict[str, Key]] = {
                      help="a diagnostic (Model Runner V1): each step checks that no KV cache block is held by two "
                           "requests and that the pooled layers' new tokens land in their own request's blocks, "
                           "counted in the workers' KVFlash totals and logged; costs host time every step"),
+        "log_choices": Key(False, bool, "true or false",
+                           help="a diagnostic: when a paged request ends, log its chunk choices (per choosing "
+                                "decision: its position, a digest of the resident chunks and how close the call was), "
+                                "to tell "
+                                "whether two runs of one request parted after a near-tied choice "
+                                "(vllm_luce/kvflash/choices.py); one line per paged request"),
     },
     "pflash": {
         "drafter": Key("", str, "a path to a Hugging Face causal LM directory (config.json + safetensors)",

@@ -344,3 +344,34 @@ def test_a_chosen_kvflash_policy_reaches_the_server_and_the_default_sends_none(t
     assert "policy" not in kvflash_of([])
     with pytest.raises(SystemExit):
         main_profile(["--scale", "gpu", "--json", "x", "--kvflash-policy", "attention"])  # SFI only
+
+
+@pytest.mark.parametrize("name", ["long-canary1", "pflash-canary2"])
+def test_a_paged_canary_that_parted_after_a_near_tied_chunk_choice_is_counted_apart(name):
+    """With the chunk choices in the server log (``luce.kvflash.log_choices``): a paged canary that parts from its
+    reference after its choices parted at a call within ``CHOICE_TIE`` is counted apart, not a mismatch; one that
+    parts with the same choices before its first differing token, after a clear-cut choice, or with no choices logged
+    stays a mismatch, each with what its choices showed."""
+    def parted(reference_choices, run_choices, engine_suffix="-0-ab12cd34"):
+        run = made_up_run()
+        ref, mine = next(o for o in run["reference"] if o.plan.name == name), canary(run, name)
+        ref.response_id, mine.response_id, mine.text = "cmpl-ref", "cmpl-load", "something else"  # parts at token 0
+        log = "\n".join(f"(EngineCore pid=1) INFO x: KVFlash chunk choices of request {rid}{engine_suffix}: "
+                        + " ".join(f"{p}:{d}:{m}" for p, d, m in entries)
+                        for rid, entries in (("cmpl-ref", reference_choices), ("cmpl-load", run_choices)) if entries)
+        summary, checks, _ = evaluate(run, log)
+        return summary["canaries"][name.split("-")[0]], checks["paged_canaries_equal_the_reference"]
+
+    ours = [(0, "aa", 0.5), (300, "bb", 0.01)]  # both runs decide at 300, before the prompt's end
+    row, check = parted(ours, [(0, "aa", 0.5), (300, "cc", 0.02)])
+    assert check["ok"] and row["choice_near_tie"] == 1 and row["mismatches"] == 0, check
+    assert "1 after a near-tied chunk choice" in check["detail"] and "part at position 300" in check["detail"]
+    clear = [(0, "aa", 0.5), (300, "bb", 0.2)]
+    for mine, theirs, why in ((ours, ours, "the same chunk choices"),
+                              (clear, [(0, "aa", 0.5), (300, "cc", 0.2)], "part at position 300 (closest call 0.2000)"),
+                              (ours, None, "no chunk choices logged")):
+        row, check = parted(mine, theirs)
+        assert not check["ok"] and row["mismatches"] == 1 and row["choice_near_tie"] == 0, (why, check)
+        assert why in row["choice_notes"][0] and row["choice_notes"][0].startswith(name), row
+    row, check = parted(ours + [(5000, "dd", 0.0)], ours + [(5000, "ee", 0.0)])  # a tie after the parting token
+    assert not check["ok"] and "the same chunk choices" in row["choice_notes"][0]

@@ -52,3 +52,8 @@ def test_the_load_reached_every_pressure_the_suite_promises(report):
     assert set(canaries) == {"short", "long", "pflash", "drafting", "total"}, canaries  # kv: the GPU profile's
     assert all(row["greedy_compared"] > 0 for row in canaries.values()), canaries
     assert all(canaries[kind]["mismatches"] == 0 for kind in ("short", "drafting")), canaries
+    # paged canaries' chunk choices reach the server log (luce.kvflash.log_choices), for their comparison: every long
+    # canary's, and the pflash canaries' that PFlash leaves longer than the pool
+    (long_found, long_runs), (pflash_found, _) = [canaries[kind]["choices_logged"].split(" of ")
+                                                  for kind in ("long", "pflash")]
+    assert long_found == long_runs != "0" and int(pflash_found) > 0, canaries

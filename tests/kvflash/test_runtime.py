@@ -28,7 +28,7 @@ def test_the_kernel_warm_up_is_announced_with_its_size_then_timed(luce_log, monk
     assert "KVFlash: kernels compiled in " in lines[1]
 
 
-def paged_run(monkeypatch=None, lent_blocks: int = 0, steps: int = 12):
+def paged_run(monkeypatch=None, lent_blocks: int = 0, steps: int = 12, log_choices: bool = False):
     """One request prefilled in steps of 96 tokens through ``plan`` on CPU caches: a pool of 6 chunks of 16 tokens
     (blocks of 32), the row the pool's 3 blocks plus ``lent_blocks`` lent for cold chunks. Returns the runtime."""
     import numpy as np
@@ -36,13 +36,28 @@ def paged_run(monkeypatch=None, lent_blocks: int = 0, steps: int = 12):
     block, blocks = 32, 64
     caches = [torch.randn(blocks, 1, block, 2 * 8) for _ in range(2)]
     rt = KVFlashRuntime(PagerConfig(pool_tokens=96, chunk_tokens=16, recent_chunks=2), "lru", caches, PACKED_LAYOUT,
-                        8, block, 4)
+                        8, block, 4, log_choices=log_choices)
     rows = np.zeros((4, blocks), dtype=np.int32)
     rows[0, : 3 + lent_blocks] = np.arange(1, 4 + lent_blocks)
     for step in range(steps):
         rt.plan(["r"], np.array([0, 48]), np.array([48 * step]), rows, np.array([3 + lent_blocks]),
                 np.array([48 * steps]))
     return rt
+
+
+def test_with_log_choices_a_paged_request_logs_its_chunk_choices_once_when_it_ends(luce_log):
+    from vllm_luce.kvflash.choices import parse
+
+    def logged():
+        return [r.getMessage() for r in luce_log.records if "KVFlash chunk choices" in r.getMessage()]
+
+    paged_run().release(["r"])
+    assert logged() == []  # off by default
+    rt = paged_run(log_choices=True)
+    rt.release(["r"])
+    rt.release(["r"])  # released once
+    (request, entries), = parse("\n".join(logged())).items()
+    assert request == "r" and len(entries) >= 5 and all(position % 48 == 0 for position, _, _ in entries), entries
 
 
 def test_every_chunk_is_placed_and_host_memory_stays_within_the_reservation():

@@ -45,6 +45,7 @@ from typing import Callable
 
 import torch
 
+from vllm_luce.kvflash.choices import ChoiceLog, eviction_margin, swap_margin
 from vllm_luce.kvflash.decisions import Decisions
 from vllm_luce.kvflash.pool_store import PagerStats, PoolStore, _nbytes, summarize
 from vllm_luce.kvflash.query_window import trim_queries
@@ -138,6 +139,8 @@ class RequestPager:
     dropped_chunks: set[int] = field(default_factory=set)  # host_full "drop": chunks discarded, still in the context
     reserved_host_chunks: int = 0  # the most host chunks the scheduler has reserved for this request (``admission``)
     room_tokens: int = 0  # the tokens the latest step made room for (``Decisions.room_until``)
+    choices: ChoiceLog | None = None  # luce.kvflash.log_choices: each choosing decision (``choices.py``)
+    closest_call: float | None = None  # this step's closest choice (``choices.py``), None when it chose nothing
 
     # -------------------------------------------------------------- structure
 
@@ -194,6 +197,7 @@ class RequestPager:
         ``stats.uncut_decisions``.
         """
         self._truncate(start)
+        self.closest_call = None
         if self.prompt_tokens is None and (decoded or prompt_end):
             self.prompt_tokens = start + num_new - decoded if decoded else start + 1
         if getattr(policy, "needs_summaries", False):
@@ -240,6 +244,8 @@ class RequestPager:
         else:
             self._relayout({})
         self._account()
+        if self.choices is not None and self.closest_call is not None:
+            self.choices.note(start, self.resident, self.closest_call)
         chunk = self.config.chunk_tokens
         return [self.stored_at[p // chunk] * chunk + p % chunk for p in range(start, end)]
 
@@ -307,6 +313,8 @@ class RequestPager:
             self.cold_free.append(self.cold.pop(c))
         self.dropped_chunks = {c for c in self.dropped_chunks if c < keep}
         trim_queries(self, start)
+        if self.choices is not None:
+            self.choices.trim(start)
         for c in [c for c in self.summaries if c >= keep - (start % self.config.chunk_tokens > 0)]:
             del self.summaries[c]  # a chunk cut to partial is re-summarised when full again
         self.num_tokens = start
@@ -327,6 +335,8 @@ class RequestPager:
                 f"KVFlash: no room for this step's tokens in a pool of {self.config.pool_chunks} chunks; "
                 f"write at most {self.config.max_step_tokens} tokens per step")
         scores = torch.as_tensor(policy.scores(self, candidates), dtype=torch.float32)
+        if self.choices is not None:
+            self._chose(eviction_margin(scores, count))
         for i in torch.argsort(scores, stable=True)[:count].tolist():
             self._page_out(candidates[i])
 
@@ -406,18 +416,24 @@ class RequestPager:
             return []
         scores = torch.as_tensor(policy.scores(self, resident + away), dtype=torch.float32)
         res_scores, away_scores = scores[: len(resident)], scores[len(resident):]
-        swaps = []
+        swaps, gaps = [], []
         worst_first = torch.argsort(res_scores, stable=True).tolist()
         best_first = torch.argsort(away_scores, descending=True, stable=True).tolist()
         for r, h in zip(worst_first, best_first):
+            gaps.append(float(away_scores[h] - res_scores[r]))
             if away_scores[h] <= res_scores[r]:
                 break
             swaps.append((resident[r], away[h]))
+        if self.choices is not None:
+            self._chose(swap_margin(gaps, scores))
         loads = [(chunk, self._take_back(chunk)) for _, chunk in swaps]
         for victim, _ in swaps:
             self._page_out(victim)
         self.resident = sorted(self.resident + [chunk for chunk, _ in loads])
         return loads
+
+    def _chose(self, margin: float) -> None:
+        self.closest_call = margin if self.closest_call is None else min(self.closest_call, margin)
 
     def _take_back(self, chunk: int) -> torch.Tensor | int:
         """A paged-out chunk's bytes leave their tier: host bytes (returned), or a cold position (freed)."""

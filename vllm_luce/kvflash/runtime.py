@@ -36,6 +36,7 @@ import torch
 from vllm_luce import metrics
 from vllm_luce.kernels.scored_dims import ScoredDims
 from vllm_luce.kvflash.admission import AdmissionConfig
+from vllm_luce.kvflash.choices import ChoiceLog
 from vllm_luce.kvflash.device_budget import DeviceNeeds, device_bytes
 from vllm_luce.kvflash.host_pool import PinnedChunkPool
 from vllm_luce.kvflash.kv_store import PagedPoolStore, copy_stream_for, to_device_async
@@ -57,7 +58,8 @@ class KVFlashRuntime:
                  host_budget: int | None = None, metric_labels: dict | None = None, selection: str = "page",
                  query_window: int = 1, scored_dims: ScoredDims = ScoredDims(), host_pinned: int | str = 0,
                  max_model_len: int = 0, ledger=None, engine: int = 0, draft_tokens: int = 0,
-                 host_request: int | str = "auto", ranks: int = 1, audit=None, tokens_of=None):
+                 host_request: int | str = "auto", ranks: int = 1, audit=None, tokens_of=None,
+                 log_choices: bool = False):
         self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
         self.tokens_of = tokens_of  # request -> (prompt and output token ids, prompt length), for a policy scorer
         self.selection = selection
@@ -92,6 +94,7 @@ class KVFlashRuntime:
         self.max_model_len = max_model_len
         # what the scheduler's admission reserves host memory by (``admission.py``): chunks, whatever their bytes
         self.audit = audit  # audit.Audit with luce.kvflash.audit where the runner's binding audits (V1), else None
+        self.log_choices = log_choices  # luce.kvflash.log_choices, on one rank of the engine (``choices.py``)
         self.tiers = AdmissionConfig(chunk_tokens=config.chunk_tokens, pool_chunks=config.pool_chunks,
                                      block_size=block_size, chunk_bytes=0, request_bytes=0)
 
@@ -107,7 +110,7 @@ class KVFlashRuntime:
             if self.sfi:
                 pager = RequestSelection(self.config, store, align_tokens=self.block_size)
             else:
-                pager = RequestPager(self.config, store)
+                pager = RequestPager(self.config, store, choices=ChoiceLog() if self.log_choices else None)
             self.pagers[req_id] = pager
             pager.req_id = req_id
             if self.host_budget is not None and not self.sfi:  # SFI pages nothing out
@@ -358,6 +361,8 @@ class KVFlashRuntime:
             if hasattr(self.policy, "release"):
                 self.policy.release(req_id)
             pager = self.pagers.pop(req_id, None)
+            if getattr(pager, "choices", None) is not None and pager.choices.entries:
+                logger.info("%s: KVFlash chunk choices of request %s: %s", tag(), req_id, pager.choices.line())
             if pager is not None:
                 released = True
                 for k, v in vars(pager.stats).items():
