@@ -34,8 +34,8 @@ def model_dir(tiny_model, fixtures_root):
     return get
 
 
-@pytest.mark.parametrize("runner", sorted(RUNNERS))
-@pytest.mark.parametrize("family", sorted(FAMILIES))
+@pytest.mark.parametrize("family", sorted(FAMILIES))  # a runner's families side by side, the hybrid last: a tier
+@pytest.mark.parametrize("runner", sorted(RUNNERS))  # run's workers take its two slow Qwen3.6 tests apart
 def test_greedy_tokens_match_vllm_alone(family, runner, model_dir, tmp_path):
     spec = {"model": str(model_dir(family)), "prompts": PROMPTS, "max_tokens": 24, "logprobs": 2,
             "llm": llm_args(max_model_len=512, dtype="bfloat16")}
