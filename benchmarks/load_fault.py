@@ -83,10 +83,11 @@ def models(scale: str, workdir: Path) -> Path:
 def luce_config(profile: Profile, ledger: Path) -> dict:
     from fixtures.trained import trained_model
 
-    # one request may hold the whole budget (auto: half of it): the longest prompts page out more than half
+    # one request may hold the whole budget (auto: half of it): the longest prompts page out more than half. The two
+    # diagnostics: paged canaries' chunk choices for their comparison, and every page-in checked against its page-out
     luce = {"kvflash": {"pool_tokens": profile.pool_tokens, "host_bytes": profile.host_bytes,
                         "host_request_bytes": profile.host_bytes, "host_ledger": str(ledger),
-                        "gpu_cold": profile.gpu_cold, "log_choices": True}}  # paged canaries' choices: the checks
+                        "gpu_cold": profile.gpu_cold, "log_choices": True, "verify_pages": True}}
     if profile.kvflash_policy:
         luce["kvflash"]["policy"] = profile.kvflash_policy
     if profile.pflash:

@@ -185,6 +185,11 @@ SCHEMA: dict[str, dict[str, Key]] = {
                                 "to tell "
                                 "whether two runs of one request parted after a near-tied choice "
                                 "(vllm_luce/kvflash/choices.py); one line per paged request"),
+        "verify_pages": Key(False, bool, "true or false",
+                            help="a diagnostic: each chunk paged out keeps a checksum of its bytes, compared with the "
+                                 "bytes it pages back in with; a difference is counted "
+                                 "(vllm:luce_kvflash_page_mismatches_total) and logged. Costs a read of each chunk "
+                                 "paged and a device sync at each reselection that pages in"),
     },
     "pflash": {
         "drafter": Key("", str, "a path to a Hugging Face causal LM directory (config.json + safetensors)",

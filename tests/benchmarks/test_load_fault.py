@@ -216,7 +216,8 @@ def test_a_clean_run_passes_and_each_broken_promise_fails_its_check():
     run["outcomes"][0].status, run["outcomes"][0].error = "failed", "HTTP 500: engine dead"
     assert not evaluate(run, "")[1]["every_request_completed_or_refused_clearly"]["ok"]
     for counter, name in (("host_budget_drops", "no_chunk_dropped_or_lost"), ("lost_chunks", "no_chunk_dropped_or_lost"),
-                          ("host_over_reserved_chunks", "host_memory_within_reservations")):
+                          ("host_over_reserved_chunks", "host_memory_within_reservations"),
+                          ("page_mismatches", "paged_bytes_read_back_as_written")):
         run = made_up_run(after=made_up_run()["after"] + f'vllm:luce_kvflash_{counter}_total{{rank="0"}} 2\n')
         assert not evaluate(run, "")[1][name]["ok"], counter
     traceback = ("INFO step\nTraceback (most recent call last):\n  File \"x.py\", line 1, in f\n    g()\n"

@@ -133,6 +133,36 @@ def test_page_out_then_in_is_bit_exact_in_vllms_cache(pooled, monkeypatch):
     assert checked and all(checked)
 
 
+def test_verify_pages_checks_every_page_in_against_its_page_out_in_vllms_cache(pooled, monkeypatch):
+    """``kvflash.verify_pages`` through vLLM: random scores force swaps; every page-in is checked and none differs;
+    planted, each page-in written back one step off in vLLM's cache is counted."""
+    from vllm_luce.kvflash import pager as pager_module
+
+    rt, checked, check = runtime(pooled), [], pager_module.paged_in_mismatches
+
+    def counting(sums, store, stored_at, chunks):
+        checked.append(check(sums, store, stored_at, chunks))
+        return checked[-1]
+
+    g = torch.Generator().manual_seed(0)
+    monkeypatch.setattr(pager_module, "paged_in_mismatches", counting)
+    monkeypatch.setattr(rt, "verify_pages", True)
+    monkeypatch.setattr(rt, "policy", Scorer(lambda pager, chunks: torch.rand(len(chunks), generator=g)))
+    before = rt.stats()["page_mismatches"]
+    greedy(pooled, [prompt(4 * POOL, 6)], gen=80)
+    assert checked and not any(checked) and rt.stats()["page_mismatches"] == before
+    rearrange = PagedPoolStore.rearrange
+
+    def corrupting(store, moves, loads):
+        rearrange(store, moves, loads)
+        for dst, _ in loads:
+            store.write(dst, store.read(dst) + 1)
+
+    monkeypatch.setattr(PagedPoolStore, "rearrange", corrupting)
+    greedy(pooled, [prompt(4 * POOL, 7)], gen=80)
+    assert rt.stats()["page_mismatches"] > before
+
+
 def test_a_long_prompts_last_token_runs_alone_after_a_reselection(pooled, monkeypatch):
     """vllm-luce's scheduler stops the last prefill chunk one token short, and the pager reselects before
     that token (the step that samples the first answer token); a prompt within the pool is not split."""

@@ -376,3 +376,64 @@ def test_giving_back_blocks_no_cold_chunk_uses_changes_nothing():
         grow(p, CHUNK, lru)
     before, moves = dict(p.cold), p.stats.moves
     assert p.give_back(10) == 0 and p.cold == before and p.cold_next == 10 and p.stats.moves == moves
+
+
+def swap_back_in(p, chunk):
+    """A reselection that pages ``chunk`` back in (its summary is the query's)."""
+    p.summaries = {c: torch.randn(1, 3, 8) for c in range(p.num_chunks)}
+    p.queries = p.summaries[chunk] * 5.0
+    grow(p, 1, QK(), prompt_end=True)
+    assert chunk in p.resident
+
+
+@pytest.mark.parametrize("tier", ["host", "cold"])
+def test_verify_pages_counts_a_chunk_that_pages_back_in_with_other_bytes(tier, luce_log):
+    """``luce.kvflash.verify_pages``: each page-out keeps a checksum; a page-in whose bytes differ (planted: one
+    element of the chunk in host memory or at its cold position changed, or another chunk's bytes) is counted and
+    logged once; bytes that come back as they went count nothing."""
+    torch.manual_seed(0)
+    for planted in (False, True):
+        p = pager(cold_chunks=4 if tier == "cold" else 0)
+        p.page_sums = {}
+        for _ in range(11):
+            grow(p, CHUNK, LRU())
+        grow(p, 2, LRU())
+        away = sorted(p.cold if tier == "cold" else p.host)[0]
+        assert away in p.page_sums and len(p.page_sums) == len(p.paged_out())
+        if planted:
+            data = p.store.data[p.cold[away]] if tier == "cold" else p.host[away]
+            data.view(-1)[5] += 1
+        swap_back_in(p, away)
+        assert chunk_holds(p, away, p.store.data[p.stored_at[away]]) != planted
+        assert p.stats.page_mismatches == int(planted) and away not in p.page_sums
+    assert sum("bytes differ from those paged out" in r.getMessage() for r in luce_log.records) == 1
+
+
+def test_a_chunk_checksum_tells_other_bytes_and_the_same_bytes_in_another_order():
+    from vllm_luce.kvflash.pool_store import checksum
+
+    data = torch.randn(2, 4, 3, 8).to(torch.bfloat16)
+    assert checksum(data) == checksum(data.clone())
+    assert checksum(data.flip(1)) != checksum(data) and checksum(data * 2) != checksum(data)
+
+
+@pytest.mark.parametrize("seed", [1, 4, 6])
+def test_a_chunk_evicted_to_a_cold_position_and_taken_back_in_the_same_step_keeps_its_bytes(seed):
+    """At a decode decision the eviction may choose a chunk that the reselection right after it takes back (their
+    candidates differ: the recent tail before the step is protected from the eviction only). A page-out to a cold
+    position moves the bytes at the step's rearrangement, so the page-in must read them where they still are, not
+    at the cold position they never reached (it read that position's old bytes: another chunk's, or none).
+    Chunk scores drawn per seed; these seeds met the case."""
+    g = torch.Generator().manual_seed(seed)
+    table = torch.rand(64, generator=g)
+    p = pager(pool_chunks=8, cold_chunks=4)
+    p.page_sums, p.prompt_tokens = {}, 7 * CHUNK + 2
+    policy = Scorer(lambda pager_, chunks: torch.stack([table[c] for c in chunks]))
+    grow(p, 7 * CHUNK + 1, policy)
+    grow(p, 1, policy, prompt_end=True)
+    for _ in range(60):
+        grow(p, 1, policy, decoded=1)
+        assert_pool_holds_logical_tokens(p)
+    assert p.stats.page_ins > 0 and p.stats.page_mismatches == 0
+    for chunk, position in p.cold.items():
+        assert chunk_holds(p, chunk, p.store.data[position])

@@ -40,6 +40,7 @@ NOT_CHARTED: dict[str, str] = {
     "kvflash_uncut_decisions": "0 where vllm-luce's scheduler runs: a check of the load-and-fault suite, not charted",
     "kvflash_lost_chunks": "a bug counter, 0 on a sound server: alerted (LuceKVFlashBookkeepingBroken), not charted",
     "kvflash_host_over_reserved_chunks": "a bug counter, 0 on a sound server: alerted (LuceKVFlashBookkeepingBroken)",
+    "kvflash_page_mismatches": "a diagnostic's bug counter (kvflash.verify_pages): alerted, as the two above",
 }
 # Label values from fixed sets: a matcher naming another value selects nothing.
 LABEL_VALUES = {"outcome": PFLASH_OUTCOMES, "mode": ("spec", "plain")}  # mode: the gate's decisions (gate.py)

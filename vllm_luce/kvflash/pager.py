@@ -47,7 +47,7 @@ import torch
 
 from vllm_luce.kvflash.choices import ChoiceLog, eviction_margin, swap_margin
 from vllm_luce.kvflash.decisions import Decisions
-from vllm_luce.kvflash.pool_store import PagerStats, PoolStore, _nbytes, summarize
+from vllm_luce.kvflash.pool_store import PagerStats, PoolStore, _nbytes, checksum, paged_in_mismatches, summarize
 from vllm_luce.kvflash.query_window import trim_queries
 from vllm_luce.log import logger
 
@@ -141,6 +141,7 @@ class RequestPager:
     room_tokens: int = 0  # the tokens the latest step made room for (``Decisions.room_until``)
     choices: ChoiceLog | None = None  # luce.kvflash.log_choices: each choosing decision (``choices.py``)
     closest_call: float | None = None  # this step's closest choice (``choices.py``), None when it chose nothing
+    page_sums: dict[int, torch.Tensor] | None = None  # luce.kvflash.verify_pages: paged-out chunk -> its checksum
 
     # -------------------------------------------------------------- structure
 
@@ -309,6 +310,8 @@ class RequestPager:
         self.stored_at = {c: i for c, i in self.stored_at.items() if c < keep}
         for c in [c for c in self.host if c >= keep]:
             self.host_nbytes -= _nbytes(self.host.pop(c))
+        if self.page_sums is not None:
+            self.page_sums = {c: v for c, v in self.page_sums.items() if c < keep}
         for c in [c for c in self.cold if c >= keep]:
             self.cold_free.append(self.cold.pop(c))
         self.dropped_chunks = {c for c in self.dropped_chunks if c < keep}
@@ -378,6 +381,8 @@ class RequestPager:
 
     def _page_out(self, chunk: int) -> None:
         position = self.stored_at.pop(chunk)
+        if self.page_sums is not None:  # its bytes are still where they were written
+            self.page_sums[chunk] = checksum(self.store.read(position))
         self.resident.remove(chunk)
         cold = self._take_cold()
         if cold is not None:  # moved in the store with this step's rearrangement (``_relayout``)
@@ -436,12 +441,19 @@ class RequestPager:
         self.closest_call = margin if self.closest_call is None else min(self.closest_call, margin)
 
     def _take_back(self, chunk: int) -> torch.Tensor | int:
-        """A paged-out chunk's bytes leave their tier: host bytes (returned), or a cold position (freed)."""
+        """A paged-out chunk's bytes leave their tier: host bytes (returned), or a cold position (freed). A chunk
+        paged out to a cold position in this step (a reselection taking back what the step's eviction chose) has
+        not moved yet: its page-out is called off and its bytes come from the pool position they never left."""
         self.stats.page_ins += 1
         if chunk in self.cold:
             self.stats.cold_ins += 1
-            self.cold_free.append(self.cold[chunk])
-            return self.cold.pop(chunk)
+            cold = self.cold.pop(chunk)
+            self.cold_free.append(cold)
+            pending = next((move for move in self.cold_moves if move[0] == cold), None)
+            if pending is not None:
+                self.cold_moves.remove(pending)
+                return pending[1]
+            return cold
         data = self.host.pop(chunk)
         self.host_nbytes -= _nbytes(data)
         self.stats.bytes_in += _nbytes(data)
@@ -466,6 +478,12 @@ class RequestPager:
             self.stats.moves += len(moves)
             self.store.rearrange(moves, loads)
         self.stored_at = {c: i for i, c in enumerate(self.resident)}
+        if self.page_sums is not None and loading:  # verify_pages: they read back as paged out (one sync)
+            differ = paged_in_mismatches(self.page_sums, self.store, self.stored_at, list(loading))
+            if differ and not self.stats.page_mismatches:
+                logger.error("KVFlash: request %s paged %d chunks back in whose bytes differ from those paged out",
+                             self.req_id, differ)
+            self.stats.page_mismatches += differ
 
     def release(self) -> int:
         """Free everything (finished or aborted request); returns the host bytes returned."""
@@ -481,6 +499,8 @@ class RequestPager:
         self.last_used.clear()
         self.summaries.clear()
         self.stored_at.clear()
+        if self.page_sums is not None:
+            self.page_sums.clear()
         self.num_tokens = 0
         return freed
 

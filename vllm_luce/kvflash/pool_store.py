@@ -63,6 +63,22 @@ class TensorStore:
         return torch.stack([x.amin(dim=-3), x.amax(dim=-3)], dim=-2)
 
 
+def checksum(data: torch.Tensor) -> torch.Tensor:
+    """A chunk's bytes as one int64 on their device (``luce.kvflash.verify_pages``): each 32-bit word weighted by its
+    place, so that other bytes, or the same bytes in another order (another chunk's, a token moved), sum otherwise."""
+    words = data.contiguous().reshape(-1).view(torch.uint8)
+    words = words.view(torch.int32) if words.numel() % 4 == 0 else words
+    weights = torch.arange(words.numel(), device=words.device, dtype=torch.int64) % 65521 + 1
+    return (words.to(torch.int64) * weights).sum()
+
+
+def paged_in_mismatches(sums: dict[int, torch.Tensor], store, stored_at: dict[int, int], chunks: list[int]) -> int:
+    """Of ``chunks`` just paged in, those whose bytes now in the store differ from the checksum taken at their
+    page-out (popped from ``sums``); one sync."""
+    pairs = [(sums.pop(c), checksum(store.read(stored_at[c]))) for c in chunks if c in sums]
+    return int(sum((expected != got).to(torch.int64) for expected, got in pairs)) if pairs else 0
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -82,6 +98,7 @@ class PagerStats:
     dropped: int = 0  # chunks discarded because the host budget was spent (host_full "drop" only)
     lost: int = 0  # chunks of a context found in no tier and not dropped (or in two): a bug, logged where found
     host_over_reserved: int = 0  # host chunks beyond what the scheduler reserved for the request, summed over steps
+    page_mismatches: int = 0  # chunks paged back in whose bytes differ from those paged out (verify_pages): a bug
     reselect_s: float = 0.0  # wall time of reselections, scoring and page-ins included
     sparse_steps: int = 0  # SFI: decode steps over the selection
     dense_steps: int = 0  # SFI: decode steps over the whole context (refreshes)

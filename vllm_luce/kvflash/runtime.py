@@ -59,7 +59,7 @@ class KVFlashRuntime:
                  query_window: int = 1, scored_dims: ScoredDims = ScoredDims(), host_pinned: int | str = 0,
                  max_model_len: int = 0, ledger=None, engine: int = 0, draft_tokens: int = 0,
                  host_request: int | str = "auto", ranks: int = 1, audit=None, tokens_of=None,
-                 log_choices: bool = False):
+                 log_choices: bool = False, verify_pages: bool = False):
         self.config, self.layout, self.head_size, self.block_size = config, layout, head_size, block_size
         self.tokens_of = tokens_of  # request -> (prompt and output token ids, prompt length), for a policy scorer
         self.selection = selection
@@ -95,6 +95,7 @@ class KVFlashRuntime:
         # what the scheduler's admission reserves host memory by (``admission.py``): chunks, whatever their bytes
         self.audit = audit  # audit.Audit with luce.kvflash.audit where the runner's binding audits (V1), else None
         self.log_choices = log_choices  # luce.kvflash.log_choices, on one rank of the engine (``choices.py``)
+        self.verify_pages = verify_pages  # luce.kvflash.verify_pages: each paged-in chunk checked against its page-out
         self.tiers = AdmissionConfig(chunk_tokens=config.chunk_tokens, pool_chunks=config.pool_chunks,
                                      block_size=block_size, chunk_bytes=0, request_bytes=0)
 
@@ -110,7 +111,8 @@ class KVFlashRuntime:
             if self.sfi:
                 pager = RequestSelection(self.config, store, align_tokens=self.block_size)
             else:
-                pager = RequestPager(self.config, store, choices=ChoiceLog() if self.log_choices else None)
+                pager = RequestPager(self.config, store, choices=ChoiceLog() if self.log_choices else None,
+                                     page_sums={} if self.verify_pages else None)
             self.pagers[req_id] = pager
             pager.req_id = req_id
             if self.host_budget is not None and not self.sfi:  # SFI pages nothing out
@@ -385,6 +387,7 @@ class KVFlashRuntime:
     def stats(self) -> dict[str, float]:
         keys = ("page_outs", "page_ins", "cold_outs", "cold_ins", "demotions", "bytes_out", "bytes_in", "moves",
                 "reselections", "dropped", "lost", "host_over_reserved", "uncut_decisions", "reselect_s", "sparse_steps",
+                "page_mismatches",
                 "dense_steps", "attended_tokens", "context_tokens")
         totals = {k: getattr(self.released, k) + sum(getattr(p.stats, k) for p in self.pagers.values()) for k in keys}
         return totals if self.audit is None else {**totals, **self.audit.stats()}
@@ -415,6 +418,7 @@ class KVFlashRuntime:
                           ("page_in_bytes", "bytes_in"), ("reselections", "reselections"),
                           ("reselection_seconds", "reselect_s"), ("host_budget_drops", "dropped"),
                           ("lost_chunks", "lost"), ("host_over_reserved_chunks", "host_over_reserved"),
+                          ("page_mismatches", "page_mismatches"),
                           ("uncut_decisions", "uncut_decisions"),
                           ("sfi_sparse_steps", "sparse_steps"), ("sfi_dense_steps", "dense_steps")):
             metrics.set_total("kvflash_" + name, stats[key], **labels)

@@ -148,7 +148,8 @@ def runtime_options(vllm_config, luce, plan: KVFlashPlan) -> dict:
             "max_model_len": vllm_config.model_config.max_model_len,
             "selection": plan.selection, "query_window": plan.query_window, "draft_tokens": plan.draft_tokens,
             "metric_labels": {"model_name": metrics.model_name(vllm_config), "rank": rank},
-            "log_choices": bool(kv.log_choices) and rank == 0}  # the ranks choose alike (a reduced score)
+            "log_choices": bool(kv.log_choices) and rank == 0,  # the ranks choose alike (a reduced score)
+            "verify_pages": bool(kv.verify_pages)}
 
 
 def first_positions(query_start_loc: np.ndarray, positions: torch.Tensor) -> np.ndarray:

@@ -54,6 +54,9 @@ CATALOG: dict[str, tuple[str, tuple[str, ...], str]] = {
         "counter", ("rank",), "Chunks dropped because kvflash.host_bytes was spent (only with host_full 'drop')."),
     "kvflash_lost_chunks": (
         "counter", ("rank",), "Chunks of a context found in no tier (a bug: the request's answer is wrong; logged)."),
+    "kvflash_page_mismatches": (
+        "counter", ("rank",), "Chunks paged back in whose bytes differ from those paged out (kvflash.verify_pages "
+        "only; a bug: the request's answer is wrong; logged)."),
     "kvflash_uncut_decisions": (
         "counter", ("rank",), "KVFlash decision positions a step ran across, decided at its start: those requests' "
         "tokens may depend on other requests (0 where vllm-luce's scheduler cuts the steps)."),
