@@ -18,8 +18,9 @@ def prompt(n, seed):
     return [rng.randrange(5, 1000) for _ in range(n)]
 
 
-def spec(model, prompts, pool=None, gpu_cold=True, **extra):
-    luce = {"luce": {"kvflash": {"pool_tokens": pool, "gpu_cold": gpu_cold}}} if pool else {}
+def spec(model, prompts, pool=None, gpu_cold=True, verify_pages=False, **extra):
+    kvflash = {"pool_tokens": pool, "gpu_cold": gpu_cold, "verify_pages": verify_pages}
+    luce = {"luce": {"kvflash": kvflash}} if pool else {}
     return {"model": str(model), "prompts": prompts, "max_tokens": 32, "rpc": ["kvflash"],
             "llm": llm_args(max_model_len=4096, dtype="bfloat16", additional_config=luce), **extra}
 
@@ -39,10 +40,11 @@ def test_pool_covering_the_context_gives_vllms_tokens(tiny_model, tmp_path, runn
 def test_prompt_8x_the_pool_completes_and_pages_bit_exact_in_either_tier(tiny_model, tmp_path, runner):
     """The host tier alone: the scheduler holds at most the pool's blocks and every chunk paged back in reads back as
     paged out. Cold chunks in free KV blocks (the default): blocks lent beyond the pool, no byte to the host, and the
-    host tier's tokens (the same bytes attended)."""
+    host tier's tokens (the same bytes attended). In both, every page-in's bytes match its page-out's checksum
+    (``verify_pages``: cold moves included, which the probe's host loads do not cover)."""
     model, prompts = tiny_model("laguna"), [prompt(8 * POOL + 100, 5), prompt(3 * POOL, 6)]
     host, cold = side_by_side(*[
-        (run_engine, (spec(model, prompts, POOL, kvflash_probe=True, **extra), tmp_path),
+        (run_engine, (spec(model, prompts, POOL, kvflash_probe=True, verify_pages=True, **extra), tmp_path),
          {"name": f"{name}-{runner}", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", **RUNNERS[runner]})
         for name, extra in (("host", {"gpu_cold": False}), ("cold", {}))])
     assert [len(t) for t in host["tokens"]] == [32, 32]
@@ -53,6 +55,7 @@ def test_prompt_8x_the_pool_completes_and_pages_bit_exact_in_either_tier(tiny_mo
     probe, stats = cold["kvflash_probe"], cold["kvflash"][0]
     assert probe["most_blocks"] > probe["pool_blocks"], probe
     assert stats["cold_outs"] == stats["page_outs"] >= (8 * POOL - POOL) // 64 and stats["bytes_out"] == 0, stats
+    assert host["kvflash"][0]["page_mismatches"] == cold["kvflash"][0]["page_mismatches"] == 0
     assert cold["tokens"] == host["tokens"]
 
 
