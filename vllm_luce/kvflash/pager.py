@@ -425,7 +425,8 @@ class RequestPager:
         worst_first = torch.argsort(res_scores, stable=True).tolist()
         best_first = torch.argsort(away_scores, descending=True, stable=True).tolist()
         for r, h in zip(worst_first, best_first):
-            gaps.append(float(away_scores[h] - res_scores[r]))
+            if self.choices is not None:  # log_choices only: no work added where it is off
+                gaps.append(float(away_scores[h] - res_scores[r]))
             if away_scores[h] <= res_scores[r]:
                 break
             swaps.append((resident[r], away[h]))
